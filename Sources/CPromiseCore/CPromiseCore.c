@@ -1,0 +1,196 @@
+/*
+ * CPromiseCore: see include/CPromiseCore.h for the state machine, the thread table and
+ * the progress guarantees. Every atomic operation below says what its ordering
+ * publishes or acquires, and which operation it pairs with.
+ */
+#include "CPromiseCore.h"
+
+#include <atomic_ops.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PC_OUTCOME_MASK ((uintptr_t)3u)
+#define PC_FIRING ((uintptr_t)4u)
+#define PC_TAG_MASK ((uintptr_t)7u)
+
+_Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
+_Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
+_Static_assert(offsetof(pc_promise, state) == 0, "state word first");
+_Static_assert(sizeof(pc_promise) == 4 * sizeof(void *), "pc_promise is four words");
+
+/* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
+#define PC_WORD(p) ((volatile AO_t *)(p))
+
+/* Impossible states fail loudly, naming the function and the word it saw. */
+static void pc_die(const char *function, const char *what, uintptr_t word) {
+    fprintf(stderr, "CPromiseCore: %s: %s (word 0x%lx)\n", function, what, (unsigned long)word);
+    abort();
+}
+
+/* ---- the per-thread trampoline -------------------------------------------------- */
+
+/*
+ * Thread-local FIFO of deferred nodes. `depth` counts the pc_publish / pc_observe
+ * scopes active on this thread; the one that brings it back to zero drains the queue.
+ * Only this thread touches it: no atomics.
+ */
+static _Thread_local struct {
+    pc_node *head;
+    pc_node *tail;
+    unsigned depth;
+} pc_trampoline;
+
+static void pc_drain(void) {
+    pc_trampoline.depth = 1; /* a fire callback that publishes or observes only queues */
+    while (pc_trampoline.head != NULL) {
+        pc_node *node = pc_trampoline.head;
+        pc_trampoline.head = node->next; /* read before fire: fire may free the node */
+        if (pc_trampoline.head == NULL) {
+            pc_trampoline.tail = NULL;
+        }
+        node->fire(node, NULL);
+    }
+    pc_trampoline.depth = 0;
+}
+
+static inline void pc_scope_enter(void) {
+    pc_trampoline.depth += 1;
+}
+
+static inline void pc_scope_leave(void) {
+    pc_trampoline.depth -= 1;
+    if (pc_trampoline.depth == 0 && pc_trampoline.head != NULL) {
+        pc_drain();
+    }
+}
+
+void pc_defer(pc_node *node) {
+    if (node->fire == NULL) {
+        pc_die("pc_defer", "node has no fire callback", (uintptr_t)node);
+    }
+    node->next = NULL;
+    if (pc_trampoline.tail != NULL) {
+        pc_trampoline.tail->next = node;
+    } else {
+        pc_trampoline.head = node;
+    }
+    pc_trampoline.tail = node;
+    if (pc_trampoline.depth == 0) {
+        pc_drain();
+    }
+}
+
+/* ---- registration ---------------------------------------------------------------- */
+
+void pc_observe(pc_promise *promise, pc_node *node) {
+    if (((uintptr_t)node & PC_TAG_MASK) != 0 || node->fire == NULL) {
+        pc_die("pc_observe", "misaligned node or no fire callback", (uintptr_t)node);
+    }
+    /* acquire: if this load sees a quiescent outcome, the outcome value stored before the
+     * publishing CAS in pc_publish is visible to the fire callback below. */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+    for (;;) {
+        uintptr_t tags = seen & PC_TAG_MASK;
+        if ((tags & PC_OUTCOME_MASK) != PC_PENDING && (tags & PC_FIRING) == 0) {
+            break; /* settled and quiescent: fire it ourselves, below */
+        }
+        node->next = (pc_node *)(seen & ~PC_TAG_MASK);
+        /* release: publishes node->next, node->fire and every field of the object that
+         * embeds the node before the node becomes reachable from the word; pairs with
+         * the acquire half of the taking CAS in pc_publish (and the load in pc_detach). */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_release(
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)((uintptr_t)node | tags));
+        if (was == seen) {
+            return;
+        }
+        /* acquire: the failed CAS read the word without ordering; reload it so that a
+         * settled tag seen here also makes the outcome value visible. */
+        seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+    }
+    pc_scope_enter();
+    node->fire(node, promise);
+    pc_scope_leave();
+}
+
+/* ---- settling -------------------------------------------------------------------- */
+
+bool pc_claim(pc_promise *promise, uintptr_t expected, uintptr_t desired) {
+    /* No ordering needed: the claim only elects one settler. What the winner then stores
+     * is published by its own release CAS in pc_publish, and a loser touches nothing. */
+    return AO_compare_and_swap(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
+}
+
+uintptr_t pc_claimed(const pc_promise *promise) {
+    /* No ordering: a hint (e.g. "is this promise following another?"); every decision
+     * taken on it is confirmed by a pc_claim CAS. */
+    return (uintptr_t)AO_load(PC_WORD(&promise->claim));
+}
+
+static void pc_fire_in_order(pc_node *stack, pc_promise *source) {
+    pc_node *ordered = NULL; /* reverse: the stack is newest first */
+    while (stack != NULL) {
+        pc_node *next = stack->next;
+        stack->next = ordered;
+        ordered = stack;
+        stack = next;
+    }
+    while (ordered != NULL) {
+        pc_node *next = ordered->next; /* read before fire: fire hands the node back */
+        ordered->fire(ordered, source);
+        ordered = next;
+    }
+}
+
+void pc_publish(pc_promise *promise) {
+    /* No ordering: this thread won the claim CAS itself, so it reads its own write. */
+    uintptr_t outcome = (uintptr_t)AO_load(PC_WORD(&promise->claim));
+    if (outcome < PC_FULFILLED || outcome > PC_CANCELLED) {
+        pc_die("pc_publish", "claim holds no outcome", outcome);
+    }
+    pc_scope_enter();
+    /* No ordering: only a first guess for the CAS below, which validates it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
+    if ((seen & PC_TAG_MASK) != PC_PENDING) {
+        pc_die("pc_publish", "published twice", seen);
+    }
+    for (;;) {
+        pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
+        /* While a batch fires, keep PC_FIRING so later registrations queue behind it. */
+        uintptr_t next = (stack != NULL) ? (outcome | PC_FIRING) : outcome;
+        /* full (acquire + release): release publishes the outcome value stored before
+         * this call to every thread whose acquire load later sees the tag (pc_state,
+         * pc_observe); acquire pairs with the release push in pc_observe, so the nodes
+         * taken and the objects embedding them are fully visible before they fire. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
+        if (was != seen) {
+            seen = was;
+            continue;
+        }
+        if (stack == NULL) {
+            break; /* quiescent: late registrations now fire themselves */
+        }
+        pc_fire_in_order(stack, promise);
+        seen = next; /* the CAS above tells us if registrations arrived meanwhile */
+    }
+    pc_scope_leave();
+}
+
+uintptr_t pc_state(const pc_promise *promise) {
+    /* acquire: pairs with the release half of the publishing CAS in pc_publish; once the
+     * tag is seen, the outcome value stored before it is visible. */
+    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->state)) & PC_OUTCOME_MASK;
+}
+
+pc_node *pc_detach(pc_promise *promise) {
+    /* acquire: pairs with the release pushes in pc_observe so the detached nodes' fields
+     * are visible (the owner's last release already orders this; the load says so). */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+    if ((seen & PC_FIRING) != 0) {
+        pc_die("pc_detach", "owner released while its observers fire", seen);
+    }
+    if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
+        return NULL; /* settled: every observer has fired */
+    }
+    return (pc_node *)(seen & ~PC_TAG_MASK);
+}
