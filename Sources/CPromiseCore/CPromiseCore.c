@@ -192,5 +192,8 @@ pc_node *pc_detach(pc_promise *promise) {
     if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
         return NULL; /* settled: every observer has fired */
     }
+    /* No ordering: the owner is exclusive here; emptying the word makes a second
+     * pc_detach (the dying object's own deinit after its links were taken) find nothing. */
+    AO_store(PC_WORD(&promise->state), (AO_t)PC_PENDING);
     return (pc_node *)(seen & ~PC_TAG_MASK);
 }

@@ -149,16 +149,10 @@ void pc_defer(pc_node *_Nonnull node);
 /*
  * For the owner's deinit only: the observers still registered on a promise that never
  * settled (NULL if none), linked through `next`, so the owner can release them. Their
- * nodes are the caller's from here on; they are not fired.
+ * nodes are the caller's from here on; they are not fired. Empties the list, so a
+ * second call returns NULL.
  */
 pc_node *_Nullable pc_detach(pc_promise *_Nonnull promise);
-
-/*
- * Swift runtime entry points used by the Swift overlay (declared here so that Swift
- * calls them with their C convention). A child keeps its parent's memory with an
- * `unowned` reference and upgrades it to a strong one only while the parent is alive.
- */
-extern bool swift_tryRetain(void *_Nonnull object);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,227 @@
+import CPromiseCore
+
+/// The state of a promise: pending until it settles once, for good.
+public enum PromiseState: Sendable, Equatable {
+    /// Not settled yet.
+    case pending
+    /// Settled with a value.
+    case fulfilled
+    /// Settled with an error.
+    case rejected
+    /// Settled by `cancel()`; the reason is its error, and `isRejected` stays false.
+    case cancelled
+}
+
+/// What a promise's own node is registered for.
+@usableFromInline
+enum NodeRole: UInt8 {
+    /// Not registered anywhere (roots, and children after they fired).
+    case idle
+    /// Waiting for the parent: run `continuation` on `context` when it settles.
+    case continuation
+    /// Locked to another promise (a handler returned it): adopt its outcome.
+    case following
+}
+
+/// The type-erased handle of a promise: everything that does not need its `Value`.
+///
+/// `AnyPromise` lets code that does not care about the value inspect, navigate and
+/// cancel promises of any type: a cancellation tree mixes `Promise<Data>`,
+/// `Promise<Int>` and `Promise<Void>` freely.
+///
+/// ```swift
+/// let tree: [AnyPromise] = [download, decode, render]
+/// tree.forEach { $0.cancel() }
+/// ```
+///
+/// Compare handles with `===`. Every member is safe to call from any thread.
+public class AnyPromise: @unchecked Sendable {
+    // `core` must stay the first stored property: `corePointer` finds it at the start of
+    // the stored properties, and the C core addresses it there for the object's life.
+    @usableFromInline final var core = pc_promise()
+
+    /// The error of a rejected or cancelled promise. Written once by the claim winner
+    /// before it publishes; read only after an acquire load has seen the outcome.
+    @usableFromInline @exclusivity(unchecked) final var failure: (any Error)?
+
+    /// The parent, without keeping it alive (a pending parent holds its children until
+    /// it fires them, so a strong link would be a retain cycle). Written only in `init`.
+    final weak var weakParent: AnyPromise?
+
+    /// The parent once it has settled: the continuation reads its outcome through this,
+    /// and it keeps `parent` answering for as long as this promise lives. Never set while
+    /// the parent is pending, so no retain cycle can form.
+    /// Held as `Unmanaged` (one retain, taken in `sourceDidSettle`) so that a dying
+    /// promise can pass it on to `releaseOwnedLinksIteratively` without a strong local
+    /// copy that would hide whether the parent is uniquely referenced.
+    @usableFromInline @exclusivity(unchecked) final var settledParentRetain: Unmanaged<AnyPromise>?
+
+    @usableFromInline
+    final var settledParent: AnyPromise? { settledParentRetain?.takeUnretainedValue() }
+
+    /// The handler that will settle this promise from its parent's outcome; consumed
+    /// (released) when it runs.
+    @usableFromInline @exclusivity(unchecked) final var continuation: (any PromiseContinuation)?
+    /// Where `continuation` runs.
+    @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
+    @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
+
+    @usableFromInline
+    init(parent: AnyPromise?) {
+        weakParent = parent
+    }
+
+    deinit {
+        releaseOwnedLinksIteratively()
+    }
+
+    // MARK: State
+
+    /// The current state. A snapshot: another thread may settle the promise right after.
+    public final var state: PromiseState {
+        switch publishedTag {
+        case UInt(PC_FULFILLED): return .fulfilled
+        case UInt(PC_REJECTED): return .rejected
+        case UInt(PC_CANCELLED): return .cancelled
+        default: return .pending
+        }
+    }
+
+    /// True until the promise settles.
+    public final var isPending: Bool { publishedTag == UInt(PC_PENDING) }
+    /// True once the promise is fulfilled with a value.
+    public final var isFulfilled: Bool { publishedTag == UInt(PC_FULFILLED) }
+    /// True once the promise is rejected with an error (not when it is cancelled).
+    public final var isRejected: Bool { publishedTag == UInt(PC_REJECTED) }
+    /// True once the promise is cancelled.
+    public final var isCancelled: Bool { publishedTag == UInt(PC_CANCELLED) }
+
+    // MARK: Navigation
+
+    /// The promise this one was derived from with a continuation (`then`, `map`,
+    /// `recover`...), or nil for a root.
+    ///
+    /// The link does not keep a pending parent alive (that would be a retain cycle: a
+    /// pending parent holds its children until it fires them); once the parent has
+    /// settled, the child holds it, so `parent` keeps answering as long as the child
+    /// lives. A pending parent that nobody else holds can never settle and is freed.
+    public final var parent: AnyPromise? { weakParent }
+
+    /// The top of the tree this promise belongs to: itself when it has no parent.
+    ///
+    /// ```swift
+    /// let step = download.then { decode($0) }.then { render($0) }
+    /// step.root === download  // true
+    /// ```
+    public final var root: AnyPromise {
+        var node: AnyPromise = self
+        while let up = node.weakParent { node = up }
+        return node
+    }
+
+    // MARK: Settling (type-erased part)
+
+    /// Claims the promise for `outcome` (from free, or taking over from following),
+    /// stores `error` and publishes. False if it had been claimed already.
+    @usableFromInline
+    final func settleFailure(_ error: any Error, as outcome: UInt32) -> Bool {
+        guard claim(from: PC_FREE, to: outcome)
+            || (outcome == PC_CANCELLED && claim(from: PC_FOLLOWING, to: PC_CANCELLED))
+        else { return false }
+        failure = error
+        publishClaimedOutcome()
+        return true
+    }
+
+    /// Copies the published outcome of `source` (same `Value`) into this promise's slots.
+    /// Overridden by `Promise<Value>`, the only subclass.
+    @usableFromInline
+    func copyOutcome(from source: AnyPromise, tag: UInt) {
+        preconditionFailure("AnyPromise is abstract")
+    }
+
+    /// Makes this promise follow `source` (same `Value`): it settles as `source` does.
+    /// Uses the promise's own node, so only call it when that node is free (a child
+    /// whose continuation ran, or a promise without parent that never observed).
+    @usableFromInline
+    final func follow(_ source: AnyPromise) {
+        guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
+            if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
+            return
+        }
+        observe(source, as: .following)
+    }
+
+    // MARK: Firing (called from CoreBridge's fire callbacks)
+
+    /// The observed promise (parent or followee) settled; `retained` is the retain the
+    /// node carried, which this keeps (deferring the node) or releases.
+    @usableFromInline
+    final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
+        switch role {
+        case .continuation:
+            settledParentRetain = Unmanaged.passRetained(source)
+            let context = self.context.unsafelyUnwrapped
+            if context.isImmediate || source.publishedTag == UInt(PC_CANCELLED) {
+                deferOnThisThread()  // runs right after the current firing, no recursion
+            } else {
+                context.execute { self.runContinuation() }
+                retained.release()
+            }
+        case .following:
+            let tag = source.publishedTag
+            if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
+                copyOutcome(from: source, tag: tag)
+                deferOnThisThread()  // publishes right after the current firing
+            } else {
+                retained.release()  // cancelled while following: nothing to adopt
+            }
+        case .idle:
+            preconditionFailure("CPromiseCore fired an idle node")
+        }
+    }
+
+    /// The deferred half of `sourceDidSettle`, on the same thread, after the firing that
+    /// triggered it returned.
+    @usableFromInline
+    final func runDeferred() {
+        switch role {
+        case .continuation:
+            guard let parent = settledParent, parent.publishedTag == UInt(PC_CANCELLED) else {
+                runContinuation()
+                return
+            }
+            // Cancellation flows down at once, whatever context the handler runs on; the
+            // handler still gets its error side, for clean-up.
+            let reason = parent.failure ?? CancellationError()
+            _ = settleFailure(reason, as: PC_CANCELLED)
+            guard let op = continuation, op.hasErrorSide else {
+                continuation = nil
+                return
+            }
+            let context = self.context.unsafelyUnwrapped
+            if context.isImmediate {
+                runContinuation()
+            } else {
+                context.execute { self.runContinuation() }
+            }
+        case .following:
+            role = .idle
+            publishClaimedOutcome()
+        case .idle:
+            preconditionFailure("CPromiseCore deferred an idle node")
+        }
+    }
+
+    /// Runs the continuation once, unless this promise was settled by someone else first
+    /// (then only a cancelled parent still gets the handler's error side).
+    @usableFromInline
+    final func runContinuation() {
+        guard let op = continuation, let parent = settledParent else { return }
+        continuation = nil
+        role = .idle
+        let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
+        if !parentCancelled && claimHint != UInt(PC_FREE) { return }
+        op.run(source: parent, target: self)
+    }
+}

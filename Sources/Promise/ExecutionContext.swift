@@ -1,0 +1,127 @@
+import Dispatch
+import Foundation
+
+/// Where a handler runs: a queue, an event loop, or the settling thread itself.
+///
+/// Conform your own executor (an event loop, a thread pool) by forwarding `execute`:
+///
+/// ```swift
+/// struct LoopContext: ExecutionContext {
+///     let loop: EventLoop
+///     func execute(_ work: @escaping @Sendable () -> Void) { loop.execute(work) }
+/// }
+/// promise.then(on: LoopContext(loop: loop)) { ... }
+/// ```
+///
+/// Contract: `execute` must run `work` exactly once, later (never inside the call), or
+/// handlers would run inside `then` on an already settled promise ("Zalgo"). Only the
+/// built-in `.immediate` context runs work inline, and the library treats it specially.
+public protocol ExecutionContext: Sendable {
+    /// Schedules `work` to run once, asynchronously.
+    func execute(_ work: @escaping @Sendable () -> Void)
+}
+
+// MARK: Built-in contexts
+
+/// The default context: a private concurrent queue. Handlers may run in parallel.
+public struct DefaultExecutionContext: ExecutionContext {
+    @usableFromInline static let queue = DispatchQueue(
+        label: "Promise.default", qos: .default, attributes: .concurrent)
+
+    /// The shared default context; use `.default`.
+    public init() {}
+
+    /// Runs `work` on the library's private concurrent queue.
+    @inlinable
+    public func execute(_ work: @escaping @Sendable () -> Void) {
+        Self.queue.async(execute: work)
+    }
+}
+
+/// Runs handlers on the thread that settles the promise, before that settling call
+/// returns (or inline in `then` on an already settled promise). The cheapest context,
+/// for short, non-blocking handlers on hot paths.
+///
+/// Work that an immediate handler triggers (settling or observing further promises) is
+/// queued on the same thread and runs right after the handler returns, still before the
+/// outermost settling call returns: chains of any length run in constant stack depth.
+/// Never block in an immediate handler waiting for work queued behind it.
+public struct ImmediateExecutionContext: ExecutionContext {
+    /// The immediate context; use `.immediate`.
+    public init() {}
+
+    /// Runs `work` at once. (The library itself never calls this: it runs immediate
+    /// handlers through the core's per-thread trampoline.)
+    public func execute(_ work: @escaping @Sendable () -> Void) {
+        work()
+    }
+}
+
+/// A concurrent `DispatchQueue` used without a barrier: handlers on it may overlap.
+/// For read-only handlers; plain `then(on: queue)` serialises them instead.
+public struct ConcurrentQueueContext: ExecutionContext {
+    /// The queue the handlers run on.
+    public let queue: DispatchQueue
+
+    /// Wraps `queue`; use `.concurrent(queue)`.
+    public init(_ queue: DispatchQueue) {
+        self.queue = queue
+    }
+
+    /// Runs `work` on the queue with a plain `async`.
+    @inlinable
+    public func execute(_ work: @escaping @Sendable () -> Void) {
+        queue.async(execute: work)
+    }
+}
+
+extension ExecutionContext where Self == DefaultExecutionContext {
+    /// A private concurrent queue; handlers may run in parallel. The default for every
+    /// `on:` parameter.
+    public static var `default`: DefaultExecutionContext { DefaultExecutionContext() }
+}
+
+extension ExecutionContext where Self == ImmediateExecutionContext {
+    /// The settling thread, inline (see `ImmediateExecutionContext`).
+    public static var immediate: ImmediateExecutionContext { ImmediateExecutionContext() }
+}
+
+extension ExecutionContext where Self == DispatchQueue {
+    /// The main queue (RXPromise's `thenOnMain`).
+    public static var main: DispatchQueue { DispatchQueue.main }
+}
+
+extension ExecutionContext where Self == ConcurrentQueueContext {
+    /// `queue` without a barrier: handlers may run in parallel (read-only handlers).
+    public static func concurrent(_ queue: DispatchQueue) -> ConcurrentQueueContext {
+        ConcurrentQueueContext(queue)
+    }
+}
+
+// MARK: Queues
+
+/// A `DispatchQueue` runs handlers with a barrier: on a serial queue that is plain FIFO,
+/// on a concurrent queue it keeps handlers from overlapping each other and anything
+/// else on the queue (RXPromise's rule). Use `.concurrent(queue)` to opt out.
+extension DispatchQueue: ExecutionContext {
+    /// Runs `work` on the queue as a barrier block.
+    @inlinable
+    public func execute(_ work: @escaping @Sendable () -> Void) {
+        async(flags: .barrier, execute: work)
+    }
+}
+
+/// An `OperationQueue` runs each handler as an operation; its `maxConcurrentOperationCount`
+/// decides whether handlers may overlap.
+extension OperationQueue: ExecutionContext {
+    /// Adds `work` to the queue as a block operation.
+    public func execute(_ work: @escaping @Sendable () -> Void) {
+        addOperation(work)
+    }
+}
+
+extension ExecutionContext {
+    /// True for `.immediate`: a metadata pointer comparison, no dynamic cast.
+    @inlinable
+    var isImmediate: Bool { Self.self == ImmediateExecutionContext.self }
+}

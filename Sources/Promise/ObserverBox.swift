@@ -1,0 +1,77 @@
+import CPromiseCore
+
+/// A small object that observes a promise without being one: the one allocation behind
+/// `whenComplete`, `onCancel`, `resolve(with:)` and `wait`. Its node is its first stored
+/// property (see `CoreBridge.swift`).
+@usableFromInline
+class ObserverBox: @unchecked Sendable {
+    final var node = pc_node()
+    /// The promise that settled; set when the node fires, read when the box runs.
+    @usableFromInline @exclusivity(unchecked) final var source: AnyPromise?
+    @usableFromInline final let context: any ExecutionContext
+
+    @usableFromInline
+    init(context: any ExecutionContext) {
+        self.context = context
+    }
+
+    /// Runs the observation once, on `context`, after `source` settled.
+    final func fire() {
+        let settled = source.unsafelyUnwrapped
+        source = nil
+        run(settled)
+    }
+
+    @usableFromInline
+    func run(_ source: AnyPromise) {
+        preconditionFailure("ObserverBox is abstract")
+    }
+}
+
+/// `whenComplete`: hands the outcome to a closure.
+@usableFromInline
+final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
+    @usableFromInline let body: @Sendable (Result<Value, any Error>) -> Void
+
+    @usableFromInline
+    init(context: any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
+        self.body = body
+        super.init(context: context)
+    }
+
+    @usableFromInline
+    override func run(_ source: AnyPromise) {
+        body(unsafeDowncast(source, to: Promise<Value>.self).result.unsafelyUnwrapped)
+    }
+}
+
+/// `onCancel`: runs a closure if the promise ends cancelled.
+final class CancelObserver: ObserverBox, @unchecked Sendable {
+    let body: @Sendable () -> Void
+
+    init(body: @escaping @Sendable () -> Void) {
+        self.body = body
+        super.init(context: .immediate)
+    }
+
+    override func run(_ source: AnyPromise) {
+        if source.isCancelled { body() }
+    }
+}
+
+/// `resolve(with:)`: settles `target` (claimed as following) as the source settled.
+final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
+    let target: Promise<Value>
+
+    init(target: Promise<Value>) {
+        self.target = target
+        super.init(context: .immediate)
+    }
+
+    override func run(_ source: AnyPromise) {
+        let tag = source.publishedTag
+        guard target.claim(from: PC_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
+        target.copyOutcome(from: source, tag: tag)
+        target.publishClaimedOutcome()
+    }
+}

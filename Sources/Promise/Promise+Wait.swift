@@ -1,0 +1,40 @@
+import CPromiseCore
+import Dispatch
+
+extension Promise {
+    /// Blocks the calling thread until the promise settles, then returns its value or
+    /// throws its error (a cancelled promise throws its cancellation reason).
+    ///
+    /// ```swift
+    /// let answer = try Promise<Int>(on: .default) { 42 }.wait()
+    /// ```
+    ///
+    /// Blocking is the one cold path that sleeps: an already settled promise returns at
+    /// once; a pending one parks the thread on a semaphore that an observer signals.
+    /// Never wait inside a handler for work that needs the same thread or queue (an
+    /// `.immediate` handler, a serial queue the promise settles on): it deadlocks.
+    public func wait() throws -> Value {
+        try awaitResult(deadline: .distantFuture).get()
+    }
+
+    /// Like `wait()`, but gives up after `timeout` and throws `PromiseError.timedOut`
+    /// (the promise itself is untouched).
+    ///
+    /// ```swift
+    /// let page = try fetch(url).wait(timeout: .seconds(1))
+    /// ```
+    public func wait(timeout: Duration) throws -> Value {
+        let (seconds, attoseconds) = timeout.components
+        let nanoseconds = max(0, seconds) * 1_000_000_000 + max(0, attoseconds) / 1_000_000_000
+        let deadline = DispatchTime.now() + .nanoseconds(Int(clamping: nanoseconds))
+        return try awaitResult(deadline: deadline).get()
+    }
+
+    private func awaitResult(deadline: DispatchTime) throws -> Result<Value, any Error> {
+        if let settled = result { return settled }
+        let signal = DispatchSemaphore(value: 0)  // cold path: documented above
+        CompletionObserver<Value>(context: .immediate) { _ in signal.signal() }.register(on: self)
+        guard signal.wait(timeout: deadline) == .success else { throw PromiseError.timedOut }
+        return result.unsafelyUnwrapped
+    }
+}

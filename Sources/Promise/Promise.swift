@@ -1,0 +1,162 @@
+import CPromiseCore
+
+/// A typed value that will be available later, or an error instead: settled once, by
+/// whoever wins the race to fulfil, reject or cancel it, and observed from any thread
+/// without locks.
+///
+/// ```swift
+/// let greeting = Promise<String>()
+/// greeting
+///     .then { $0.uppercased() }
+///     .then(on: .main) { label.text = $0 }
+/// greeting.fulfill("hello")
+/// ```
+///
+/// The resolver side (`fulfill`, `reject`, `resolve`, `cancel`) and the observer side
+/// (`then` and friends) are both thread-safe: exactly one of any number of racing
+/// resolvers wins, later ones return `false`, and every handler runs once with the
+/// winning outcome.
+///
+/// Threading: a promise is a lock-free C state machine (see `CPromiseCore.h`) plus a
+/// value slot written once by the winning resolver before it publishes the outcome.
+public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
+    /// The value of a fulfilled promise: written once by the claim winner before it
+    /// publishes; read only after an acquire load has seen the fulfilled tag.
+    @usableFromInline @exclusivity(unchecked) var fulfilledValue: Value?
+
+    /// A pending promise; settle it with `fulfill`, `reject`, `resolve` or `cancel`.
+    public init() {
+        super.init(parent: nil)
+    }
+
+    /// A promise already fulfilled with `value`.
+    public init(value: Value) {
+        super.init(parent: nil)
+        fulfill(value)
+    }
+
+    /// A promise already rejected with `error`.
+    public init(error: any Error) {
+        super.init(parent: nil)
+        reject(error)
+    }
+
+    /// A promise already settled with `result`.
+    public init(result: Result<Value, any Error>) {
+        super.init(parent: nil)
+        resolve(result)
+    }
+
+    /// Runs `body` synchronously, once, handing it the resolver functions; a throw rejects.
+    ///
+    /// ```swift
+    /// let p = Promise<Data> { fulfill, reject in
+    ///     legacyFetch { data, error in
+    ///         if let data { fulfill(data) } else { reject(error ?? FetchError.empty) }
+    ///     }
+    /// }
+    /// ```
+    public convenience init(
+        _ body: (_ fulfill: @escaping @Sendable (Value) -> Void,
+                 _ reject: @escaping @Sendable (any Error) -> Void) throws -> Void
+    ) {
+        self.init()
+        do {
+            try body({ [self] value in self.fulfill(value) }, { [self] error in self.reject(error) })
+        } catch {
+            reject(error)
+        }
+    }
+
+    /// Runs `work` on `context`; its return value fulfils the promise, a throw rejects it.
+    ///
+    /// ```swift
+    /// let digest = Promise<String>(on: .default) { try sha256(of: file) }
+    /// ```
+    public convenience init(on context: any ExecutionContext, _ work: @escaping @Sendable () throws -> Value) {
+        self.init()
+        context.execute { [self] in
+            guard self.claimHint == UInt(PC_FREE) else { return }  // cancelled before it ran
+            self.settle(work)
+        }
+    }
+
+    /// A child created by a continuation: registered on `parent` at once.
+    @usableFromInline
+    init(parent: AnyPromise, context: any ExecutionContext, continuation: any PromiseContinuation) {
+        super.init(parent: parent)
+        self.context = context
+        self.continuation = continuation
+        observe(parent, as: .continuation)
+    }
+
+    // MARK: Resolver side
+
+    /// Fulfils the promise with `value`. Returns false, and changes nothing, if it had
+    /// already been settled (or is following another promise).
+    @inlinable @discardableResult
+    public func fulfill(_ value: Value) -> Bool {
+        guard claim(from: PC_FREE, to: PC_FULFILLED) else { return false }
+        fulfilledValue = value
+        publishClaimedOutcome()
+        return true
+    }
+
+    /// Rejects the promise with `error`. Returns false if it had already been settled.
+    @inlinable @discardableResult
+    public func reject(_ error: any Error) -> Bool {
+        settleFailure(error, as: PC_REJECTED)
+    }
+
+    /// Fulfils or rejects the promise with `result`. Returns false if already settled.
+    @inlinable @discardableResult
+    public func resolve(_ result: Result<Value, any Error>) -> Bool {
+        switch result {
+        case .success(let value): return fulfill(value)
+        case .failure(let error): return reject(error)
+        }
+    }
+
+    /// Makes this promise follow `other`: it settles as `other` does (fulfilled,
+    /// rejected or cancelled). From this call on the promise is locked in: later
+    /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works.
+    /// Ignored if the promise was settled already.
+    public func resolve(with other: Promise<Value>) {
+        guard claim(from: PC_FREE, to: PC_FOLLOWING) else { return }
+        // A box, not our own node: a continuation child's node may still be registered
+        // on its parent.
+        FollowObserver(target: self).register(on: other)
+    }
+
+    /// Settles with what `body` returns or throws, if the promise is still free.
+    @inlinable
+    func settle(_ body: () throws -> Value) {
+        do {
+            fulfill(try body())
+        } catch {
+            reject(error)
+        }
+    }
+
+    // MARK: Reading the outcome
+
+    /// The outcome once published, nil while pending. A cancelled promise reads as
+    /// `.failure(reason)`.
+    @inlinable
+    var result: Result<Value, any Error>? {
+        switch publishedTag {
+        case UInt(PC_FULFILLED): return .success(fulfilledValue.unsafelyUnwrapped)
+        case UInt(PC_PENDING): return nil
+        default: return .failure(failure ?? CancellationError())
+        }
+    }
+
+    override func copyOutcome(from source: AnyPromise, tag: UInt) {
+        let source = unsafeDowncast(source, to: Promise<Value>.self)
+        if tag == UInt(PC_FULFILLED) {
+            fulfilledValue = source.fulfilledValue
+        } else {
+            failure = source.failure
+        }
+    }
+}

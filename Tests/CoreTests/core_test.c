@@ -1,0 +1,1020 @@
+/*
+ * core_test: tests CPromiseCore alone, from C, with pthreads.
+ *
+ *   gcc -std=c11 -O2 -Wall -Wextra -Werror -pthread -I Sources/CPromiseCore/include \
+ *       Sources/CPromiseCore/CPromiseCore.c Tests/CoreTests/core_test.c -o /tmp/core_test
+ *
+ * (also clean with clang, -fsanitize=thread and -fsanitize=address,undefined).
+ *
+ * Each test prints "ok - <name> (<rounds> rounds)" or "not ok - <name>: <detail>"; lines
+ * starting with '#' are diagnostics (configuration, how often a race window was hit).
+ * The last line is "N passed, M failed"; the exit status is non-zero when M > 0.
+ *
+ * Environment (stress tests only):
+ *   PROMISE_STRESS_ITERATIONS  rounds of each stress test (defaults below)
+ *   PROMISE_STRESS_SECONDS     wall-clock cap per stress test: the loop stops early once
+ *                              exceeded, after at least MIN_STRESS_ROUNDS rounds
+ *
+ * Test model: an `observer` embeds a pc_node and records what its fire callback saw.
+ * A `test_promise` puts a plain (non-atomic) payload next to the pc_promise: the claim
+ * winner writes it, then calls pc_publish; every observer reads it and must see the
+ * winner's value. That checks the release/acquire publication, and TSan checks it too.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "CPromiseCore.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- reporting ------------------------------------------------------------------- */
+
+/* The first failed check of a test, with the line that failed and a detail. */
+typedef struct {
+    bool failed;
+    bool in_round;       /* stress tests: the failure happened in `round` */
+    unsigned long round;
+    char detail[400];
+} verdict;
+
+static void verdict_fail(verdict *v, int line, const char *format, ...) {
+    if (v->failed) {
+        return; /* keep the first failure: later ones are usually its consequences */
+    }
+    v->failed = true;
+    int used = snprintf(v->detail, sizeof v->detail, "line %d: ", line);
+    va_list args;
+    va_start(args, format);
+    vsnprintf(v->detail + used, sizeof v->detail - (size_t)used, format, args);
+    va_end(args);
+}
+
+/* Records the failure and leaves the current function: the state after a failed check
+ * is not worth checking further. Callers of a helper test v->failed after it returns. */
+#define CHECK(v, condition, ...)                              \
+    do {                                                      \
+        if (!(condition)) {                                   \
+            verdict_fail((v), __LINE__, __VA_ARGS__);         \
+            return;                                           \
+        }                                                     \
+    } while (0)
+
+static unsigned tests_passed;
+static unsigned tests_failed;
+
+static void report(const char *name, const verdict *v, unsigned long rounds) {
+    if (v->failed && v->in_round) {
+        tests_failed += 1;
+        printf("not ok - %s: round %lu: %s\n", name, v->round, v->detail);
+    } else if (v->failed) {
+        tests_failed += 1;
+        printf("not ok - %s: %s\n", name, v->detail);
+    } else {
+        tests_passed += 1;
+        printf("ok - %s (%lu rounds)\n", name, rounds);
+    }
+    fflush(stdout);
+}
+
+/* Runs a single-round test and reports it. */
+static void run_test(const char *name, void (*test)(verdict *)) {
+    verdict v = {0};
+    test(&v);
+    report(name, &v, 1);
+}
+
+/* ---- the test model: promises with a payload, observers ------------------------- */
+
+typedef struct {
+    pc_promise core;
+    uint64_t payload; /* plain: written by the claim winner before pc_publish */
+} test_promise;
+
+static test_promise *promise_of(pc_promise *core) {
+    return (test_promise *)(void *)((char *)core - offsetof(test_promise, core));
+}
+
+/* Claims `outcome`; the winner writes the payload, then publishes. */
+static bool settle(test_promise *p, uintptr_t expected, uintptr_t outcome, uint64_t payload) {
+    if (!pc_claim(&p->core, expected, outcome)) {
+        return false;
+    }
+    p->payload = payload;
+    pc_publish(&p->core);
+    return true;
+}
+
+/* Which thread runs: 0 is the main thread, crew members are numbered from 1. */
+static _Thread_local unsigned thread_tag;
+
+/* Global order of fire callbacks, across threads (gives "fired before" a meaning). */
+static atomic_ulong fire_clock;
+
+typedef struct observer {
+    pc_node node;          /* first member: the callback casts the node back */
+    atomic_uint fired;     /* settle fires (source != NULL): must end at exactly 1 */
+    atomic_uint deferred;  /* pc_defer fires (source == NULL) */
+    pc_promise *source;    /* what the settle fire got */
+    uintptr_t outcome;     /* pc_state(source) inside the callback */
+    uint64_t payload;      /* the payload inside the callback */
+    unsigned long fire_seq;
+    unsigned fired_by;     /* thread_tag of the firing thread */
+    unsigned registrar;    /* who registered it ... */
+    unsigned seq;          /* ... and as its how-manieth */
+    bool settler_had_fired; /* case 4: the settler had begun firing before registration */
+} observer;
+
+/* Plain writes on purpose: two settle fires of one node from two threads are a data race
+ * TSan reports, on top of `fired` ending at 2. */
+static void observer_record(observer *o, pc_promise *source) {
+    o->fire_seq = atomic_fetch_add(&fire_clock, 1);
+    o->source = source;
+    o->outcome = pc_state(source);
+    o->payload = promise_of(source)->payload;
+    o->fired_by = thread_tag;
+    atomic_fetch_add(&o->fired, 1);
+}
+
+static void observer_fire(pc_node *node, pc_promise *source) {
+    observer *o = (observer *)(void *)node;
+    if (source == NULL) {
+        atomic_fetch_add(&o->deferred, 1);
+        return;
+    }
+    observer_record(o, source);
+}
+
+static void observer_init(observer *o, pc_fire_fn fire, unsigned registrar, unsigned seq) {
+    memset(o, 0, sizeof *o);
+    atomic_init(&o->fired, 0);
+    atomic_init(&o->deferred, 0);
+    o->node.fire = fire;
+    o->registrar = registrar;
+    o->seq = seq;
+}
+
+/* Checks a finished observer: fired once, never deferred, saw `source` settled with
+ * `outcome` and `payload`. */
+static void check_observer(verdict *v, observer *o, const char *what, pc_promise *source,
+                           uintptr_t outcome, uint64_t payload) {
+    unsigned fired = atomic_load(&o->fired);
+    CHECK(v, fired == 1, "%s (registrar %u, #%u) fired %u times, want 1", what, o->registrar,
+          o->seq, fired);
+    CHECK(v, atomic_load(&o->deferred) == 0, "%s (#%u) got a source == NULL fire", what, o->seq);
+    CHECK(v, o->source == source, "%s (#%u) fired with source %p, want %p", what, o->seq,
+          (void *)o->source, (void *)source);
+    CHECK(v, o->outcome == outcome, "%s (registrar %u, #%u) saw outcome %lu, want %lu", what,
+          o->registrar, o->seq, (unsigned long)o->outcome, (unsigned long)outcome);
+    CHECK(v, o->payload == payload, "%s (registrar %u, #%u) saw payload %#llx, want %#llx", what,
+          o->registrar, o->seq, (unsigned long long)o->payload, (unsigned long long)payload);
+}
+
+/* Checks that observers[0..count) fired in that order (by the global fire clock). */
+static void check_fire_order(verdict *v, observer *const *observers, size_t count,
+                             const char *what) {
+    for (size_t i = 1; i < count; i++) {
+        CHECK(v, observers[i - 1]->fire_seq < observers[i]->fire_seq,
+              "%s: #%u fired after #%u (clock %lu > %lu)", what, observers[i - 1]->seq,
+              observers[i]->seq, observers[i - 1]->fire_seq, observers[i]->fire_seq);
+    }
+}
+
+static unsigned fired_count(observer *o) {
+    return atomic_load(&o->fired);
+}
+
+/* ---- 1. single thread ------------------------------------------------------------- */
+
+enum { ORDER_OBSERVERS = 64 };
+
+/* Claim, state and publish on one thread; observers fire in registration order. */
+static void test_settle_fires_in_order(verdict *v) {
+    test_promise p = {0};
+    observer obs[ORDER_OBSERVERS];
+    observer *order[ORDER_OBSERVERS];
+
+    CHECK(v, pc_state(&p.core) == PC_PENDING, "zeroed promise not pending");
+    CHECK(v, pc_claimed(&p.core) == PC_FREE, "zeroed promise already claimed");
+    for (unsigned i = 0; i < ORDER_OBSERVERS; i++) {
+        observer_init(&obs[i], observer_fire, 0, i);
+        order[i] = &obs[i];
+        pc_observe(&p.core, &obs[i].node);
+        CHECK(v, fired_count(&obs[i]) == 0, "observer #%u fired on a pending promise", i);
+    }
+
+    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FULFILLED), "first claim FREE->FULFILLED lost");
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_REJECTED), "second claim FREE->REJECTED won");
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FULFILLED), "second claim FREE->FULFILLED won");
+    CHECK(v, pc_claimed(&p.core) == PC_FULFILLED, "claimed %lu, want FULFILLED",
+          (unsigned long)pc_claimed(&p.core));
+    /* A claim elects the settler; only pc_publish makes the outcome visible. */
+    CHECK(v, pc_state(&p.core) == PC_PENDING, "claimed but unpublished promise not pending");
+    CHECK(v, fired_count(&obs[0]) == 0, "an observer fired on claim, before publish");
+
+    p.payload = 0xA11CE;
+    pc_publish(&p.core);
+    CHECK(v, pc_state(&p.core) == PC_FULFILLED, "state %lu after publish, want FULFILLED",
+          (unsigned long)pc_state(&p.core));
+    for (unsigned i = 0; i < ORDER_OBSERVERS; i++) {
+        check_observer(v, &obs[i], "observer", &p.core, PC_FULFILLED, 0xA11CE);
+        if (v->failed) {
+            return;
+        }
+    }
+    check_fire_order(v, order, ORDER_OBSERVERS, "registration order");
+    if (v->failed) {
+        return;
+    }
+    CHECK(v, pc_detach(&p.core) == NULL, "pc_detach on a settled promise returned nodes");
+}
+
+/* Set by the test around a pc_observe call: the callback records whether it ran inside. */
+static bool inside_observe_call;
+static bool fired_inside_observe_call;
+
+static void inline_probe_fire(pc_node *node, pc_promise *source) {
+    fired_inside_observe_call = inside_observe_call;
+    observer_fire(node, source);
+}
+
+/* Observing a settled promise fires the observer at once, before pc_observe returns. */
+static void test_observe_after_settle_fires_inline(verdict *v) {
+    static const uintptr_t outcomes[] = {PC_FULFILLED, PC_REJECTED, PC_CANCELLED};
+    for (unsigned k = 0; k < 3; k++) {
+        test_promise p = {0};
+        observer early, late;
+        observer_init(&early, observer_fire, 0, 0);
+        observer_init(&late, inline_probe_fire, 0, 1);
+        pc_observe(&p.core, &early.node);
+        CHECK(v, settle(&p, PC_FREE, outcomes[k], 100 + k), "claim on a fresh promise lost");
+        CHECK(v, pc_state(&p.core) == outcomes[k], "state %lu, want %lu",
+              (unsigned long)pc_state(&p.core), (unsigned long)outcomes[k]);
+
+        fired_inside_observe_call = false;
+        inside_observe_call = true;
+        pc_observe(&p.core, &late.node);
+        inside_observe_call = false;
+        CHECK(v, fired_count(&late) == 1, "late observer fired %u times by the time pc_observe "
+              "returned, want 1", fired_count(&late));
+        CHECK(v, fired_inside_observe_call, "late observer did not fire inside pc_observe");
+        check_observer(v, &early, "early observer", &p.core, outcomes[k], 100 + k);
+        check_observer(v, &late, "late observer", &p.core, outcomes[k], 100 + k);
+        if (v->failed) {
+            return;
+        }
+        CHECK(v, early.fire_seq < late.fire_seq, "late observer fired before the early one");
+    }
+}
+
+/* FREE -> FOLLOWING -> outcome: while following, FREE -> x claims fail. */
+static void test_following(verdict *v) {
+    test_promise p = {0};
+    observer o;
+    observer_init(&o, observer_fire, 0, 0);
+    pc_observe(&p.core, &o.node);
+
+    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING lost on a fresh promise");
+    CHECK(v, pc_claimed(&p.core) == PC_FOLLOWING, "claimed %lu, want FOLLOWING",
+          (unsigned long)pc_claimed(&p.core));
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FULFILLED), "FREE->FULFILLED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_REJECTED), "FREE->REJECTED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_CANCELLED), "FREE->CANCELLED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING won twice");
+    CHECK(v, pc_state(&p.core) == PC_PENDING, "following promise not pending");
+    CHECK(v, fired_count(&o) == 0, "observer fired while following");
+
+    CHECK(v, settle(&p, PC_FOLLOWING, PC_REJECTED, 0xBAD), "FOLLOWING->REJECTED lost");
+    CHECK(v, !pc_claim(&p.core, PC_FOLLOWING, PC_FULFILLED), "FOLLOWING->x won twice");
+    CHECK(v, pc_claimed(&p.core) == PC_REJECTED, "claimed %lu, want REJECTED",
+          (unsigned long)pc_claimed(&p.core));
+    CHECK(v, pc_state(&p.core) == PC_REJECTED, "state %lu, want REJECTED",
+          (unsigned long)pc_state(&p.core));
+    check_observer(v, &o, "observer", &p.core, PC_REJECTED, 0xBAD);
+}
+
+/* An observer registered from a fire callback of the same promise (the word says FIRING)
+ * must queue behind the current batch, not fire itself ahead of it. */
+static observer firing_batch[4];
+static bool late_fired_inline;
+
+static void register_late_fire(pc_node *node, pc_promise *source) {
+    observer_fire(node, source);
+    if (source != NULL) {
+        pc_observe(source, &firing_batch[3].node);
+        late_fired_inline = fired_count(&firing_batch[3]) != 0;
+    }
+}
+
+static void test_observe_while_firing_joins_next_batch(verdict *v) {
+    test_promise p = {0};
+    observer_init(&firing_batch[0], register_late_fire, 0, 0);
+    for (unsigned i = 1; i < 4; i++) {
+        observer_init(&firing_batch[i], observer_fire, 0, i);
+    }
+    for (unsigned i = 0; i < 3; i++) {
+        pc_observe(&p.core, &firing_batch[i].node);
+    }
+    CHECK(v, settle(&p, PC_FREE, PC_CANCELLED, 7), "claim on a fresh promise lost");
+    CHECK(v, !late_fired_inline,
+          "observer registered while firing fired inline, ahead of the batch");
+    observer *order[4];
+    for (unsigned i = 0; i < 4; i++) {
+        check_observer(v, &firing_batch[i], "observer", &p.core, PC_CANCELLED, 7);
+        if (v->failed) {
+            return;
+        }
+        order[i] = &firing_batch[i];
+    }
+    check_fire_order(v, order, 4, "batch then late observer");
+    if (v->failed) {
+        return;
+    }
+    CHECK(v, pc_detach(&p.core) == NULL, "pc_detach on a settled promise returned nodes");
+}
+
+/* pc_detach: the registered nodes of a never-settled promise, none fired; NULL if none. */
+static void test_detach(verdict *v) {
+    enum { COUNT = 5 };
+    test_promise empty = {0};
+    CHECK(v, pc_detach(&empty.core) == NULL, "pc_detach on a promise without observers");
+
+    test_promise p = {0};
+    observer obs[COUNT];
+    for (unsigned i = 0; i < COUNT; i++) {
+        observer_init(&obs[i], observer_fire, 0, i);
+        pc_observe(&p.core, &obs[i].node);
+    }
+    /* A claim without publish is still "never settled" for the observers. */
+    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING lost");
+
+    bool seen[COUNT] = {false};
+    unsigned found = 0;
+    pc_node *node = pc_detach(&p.core);
+    /* Bounded walk: a cycle or a stray node fails instead of looping. */
+    for (unsigned steps = 0; node != NULL && steps <= COUNT; steps++) {
+        ptrdiff_t index = (observer *)(void *)node - obs;
+        CHECK(v, index >= 0 && index < COUNT, "pc_detach returned a foreign node %p",
+              (void *)node);
+        CHECK(v, !seen[index], "pc_detach returned observer #%td twice", index);
+        seen[index] = true;
+        found += 1;
+        node = node->next;
+    }
+    CHECK(v, found == COUNT && node == NULL, "pc_detach returned %u nodes%s, want %u", found,
+          node == NULL ? "" : " and more", COUNT);
+    for (unsigned i = 0; i < COUNT; i++) {
+        CHECK(v, fired_count(&obs[i]) == 0 && atomic_load(&obs[i].deferred) == 0,
+              "pc_detach fired observer #%u", i);
+    }
+}
+
+/* ---- 2. trampoline ---------------------------------------------------------------- */
+
+static unsigned callback_depth; /* nesting of test callbacks on this (single) thread */
+
+/* pc_defer outside any fire callback runs the node at once. */
+static void test_defer_outside_fire_runs_at_once(verdict *v) {
+    observer o;
+    observer_init(&o, observer_fire, 0, 0);
+    pc_defer(&o.node);
+    CHECK(v, atomic_load(&o.deferred) == 1, "deferred %u times by return, want 1",
+          atomic_load(&o.deferred));
+    pc_defer(&o.node);
+    CHECK(v, atomic_load(&o.deferred) == 2, "second defer: %u, want 2", atomic_load(&o.deferred));
+    CHECK(v, fired_count(&o) == 0, "pc_defer gave a source != NULL fire");
+}
+
+/* A callback that defers itself: the deferred call must come after the callback returned
+ * (never nested in it) and before the pc_publish / pc_observe that fired it returns. */
+typedef struct {
+    observer base;
+    bool deferred_ran_nested; /* the deferred call saw its own settle fire still running */
+    unsigned deferred_before_return;
+} self_deferrer;
+
+static void self_deferrer_fire(pc_node *node, pc_promise *source) {
+    self_deferrer *d = (self_deferrer *)(void *)node;
+    callback_depth += 1;
+    if (source != NULL) {
+        observer_record(&d->base, source);
+        pc_defer(node);
+        d->deferred_before_return = atomic_load(&d->base.deferred);
+    } else {
+        d->deferred_ran_nested = callback_depth > 1;
+        atomic_fetch_add(&d->base.deferred, 1);
+    }
+    callback_depth -= 1;
+}
+
+static void check_self_deferrer(verdict *v, self_deferrer *d, const char *path) {
+    CHECK(v, fired_count(&d->base) == 1, "%s: fired %u times, want 1", path,
+          fired_count(&d->base));
+    CHECK(v, d->deferred_before_return == 0, "%s: pc_defer ran inside the fire callback", path);
+    CHECK(v, atomic_load(&d->base.deferred) == 1, "%s: deferred call ran %u times by return, "
+          "want 1", path, atomic_load(&d->base.deferred));
+    CHECK(v, !d->deferred_ran_nested, "%s: deferred call nested in a fire callback", path);
+}
+
+static void test_defer_inside_fire_runs_after_it(verdict *v) {
+    test_promise p = {0};
+    self_deferrer pending, settled;
+    memset(&pending, 0, sizeof pending);
+    memset(&settled, 0, sizeof settled);
+    observer_init(&pending.base, self_deferrer_fire, 0, 0);
+    observer_init(&settled.base, self_deferrer_fire, 0, 1);
+
+    pc_observe(&p.core, &pending.base.node);
+    CHECK(v, settle(&p, PC_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    check_self_deferrer(v, &pending, "fired by pc_publish");
+    if (v->failed) {
+        return;
+    }
+    pc_observe(&p.core, &settled.base.node);
+    check_self_deferrer(v, &settled, "fired by pc_observe");
+}
+
+/*
+ * A chain of promises: node i observes promise i; its settle fire defers itself, and its
+ * deferred call settles promise i + 1. Without the trampoline that is a recursion
+ * 100000 levels deep, which overflows the small stack the test runs on.
+ */
+enum { CHAIN_LENGTH = 100000 };
+enum { CHAIN_STACK_SIZE = 256 * 1024 };
+
+typedef struct chain chain;
+
+typedef struct {
+    pc_node node; /* first member */
+    chain *chain;
+    size_t index;
+    unsigned fired, deferred;
+    unsigned long fire_seq, defer_seq;
+    bool right_source, right_payload;
+} chain_node;
+
+struct chain {
+    test_promise *promises;
+    chain_node *nodes;
+    size_t length;
+    unsigned long clock; /* single thread: plain */
+    unsigned depth, max_depth;
+    bool started;
+};
+
+static void chain_fire(pc_node *node, pc_promise *source) {
+    chain_node *n = (chain_node *)(void *)node;
+    chain *c = n->chain;
+    c->depth += 1;
+    if (c->depth > c->max_depth) {
+        c->max_depth = c->depth;
+    }
+    if (source != NULL) {
+        n->fired += 1;
+        n->fire_seq = c->clock++;
+        n->right_source = source == &c->promises[n->index].core;
+        n->right_payload = pc_state(source) == PC_FULFILLED &&
+                           promise_of(source)->payload == (uint64_t)n->index;
+        pc_defer(node);
+    } else {
+        n->deferred += 1;
+        n->defer_seq = c->clock++;
+        size_t next = n->index + 1;
+        if (next < c->length) {
+            settle(&c->promises[next], PC_FREE, PC_FULFILLED, (uint64_t)next);
+        }
+    }
+    c->depth -= 1;
+}
+
+static void *chain_run(void *arg) {
+    chain *c = arg;
+    c->started = true;
+    settle(&c->promises[0], PC_FREE, PC_FULFILLED, 0);
+    return NULL;
+}
+
+static void check_chain(verdict *v, chain *c) {
+    CHECK(v, c->started, "chain thread did not run");
+    /* deferred call of i -> pc_publish(i + 1) -> settle fire of i + 1: two levels, for
+     * every i; recursion would make this grow with the chain. */
+    CHECK(v, c->max_depth <= 2, "callbacks nested %u deep, want at most 2", c->max_depth);
+    for (size_t i = 0; i < c->length; i++) {
+        chain_node *n = &c->nodes[i];
+        CHECK(v, n->fired == 1 && n->deferred == 1, "node %zu: %u fires, %u deferred calls, "
+              "want 1 and 1", i, n->fired, n->deferred);
+        CHECK(v, n->right_source && n->right_payload, "node %zu: wrong source or outcome", i);
+        /* Exactly interleaved: fire 0, deferred 0, fire 1, deferred 1, ... */
+        CHECK(v, n->fire_seq == 2 * i && n->defer_seq == 2 * i + 1,
+              "node %zu ran out of order (fire at %lu, deferred at %lu)", i, n->fire_seq,
+              n->defer_seq);
+        CHECK(v, pc_state(&c->promises[i].core) == PC_FULFILLED, "promise %zu not fulfilled", i);
+    }
+}
+
+static void test_chain_on_small_stack(verdict *v) {
+    chain c = {0};
+    c.length = CHAIN_LENGTH;
+    c.promises = calloc(c.length, sizeof *c.promises);
+    c.nodes = calloc(c.length, sizeof *c.nodes);
+    CHECK(v, c.promises != NULL && c.nodes != NULL, "out of memory");
+    for (size_t i = 0; i < c.length; i++) {
+        c.nodes[i].node.fire = chain_fire;
+        c.nodes[i].chain = &c;
+        c.nodes[i].index = i;
+        pc_observe(&c.promises[i].core, &c.nodes[i].node);
+    }
+
+    pthread_attr_t attr;
+    pthread_t thread;
+    int error = pthread_attr_init(&attr);
+    if (error == 0) {
+        error = pthread_attr_setstacksize(&attr, CHAIN_STACK_SIZE);
+    }
+    if (error == 0) {
+        error = pthread_create(&thread, &attr, chain_run, &c);
+    }
+    if (error == 0) {
+        error = pthread_join(thread, NULL);
+    }
+    pthread_attr_destroy(&attr);
+    if (error == 0) {
+        check_chain(v, &c);
+    } else {
+        verdict_fail(v, __LINE__, "thread setup: %s", strerror(error));
+    }
+    free(c.promises);
+    free(c.nodes);
+}
+
+/* ---- threads for the stress tests ------------------------------------------------- */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Busy work of a chosen length, to shift one thread against another. Not synchronisation. */
+static void spin_for(unsigned iterations) {
+    for (volatile unsigned i = 0; i < iterations; i++) {
+    }
+}
+
+/*
+ * Sense-reversing spin barrier: releases all parties within a few cycles of each other
+ * (a futex barrier wakes them one by one, which would rarely let them race). Spins yield
+ * after a while so that more parties than cores still make progress.
+ * acq_rel on the arrival and release/acquire on the generation order everything each
+ * party did before the barrier before everything any party does after it.
+ */
+typedef struct {
+    atomic_uint arrived;
+    atomic_uint generation;
+    unsigned parties;
+} spin_barrier;
+
+static void spin_barrier_init(spin_barrier *b, unsigned parties) {
+    atomic_init(&b->arrived, 0);
+    atomic_init(&b->generation, 0);
+    b->parties = parties;
+}
+
+static void spin_barrier_wait(spin_barrier *b) {
+    unsigned generation = atomic_load_explicit(&b->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) + 1 == b->parties) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->generation, generation + 1, memory_order_release);
+        return;
+    }
+    for (unsigned spins = 0;
+         atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
+        if (spins < 200) {
+            cpu_relax();
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+/*
+ * A crew: the main thread (participant 0) and size - 1 worker threads that play one
+ * round together, between a start and a done barrier. Threads live for the whole test:
+ * creating them per round would cost more than the round.
+ */
+enum { MAX_PARTICIPANTS = 8 };
+
+typedef void (*play_fn)(void *context, unsigned participant, unsigned long round);
+
+typedef struct crew crew;
+
+typedef struct {
+    crew *crew;
+    unsigned index;
+} crew_seat;
+
+struct crew {
+    unsigned size;
+    play_fn play;
+    void *context;
+    unsigned long round; /* written by main before the start barrier */
+    bool stop;           /* likewise */
+    spin_barrier start, done;
+    pthread_t threads[MAX_PARTICIPANTS];
+    crew_seat seats[MAX_PARTICIPANTS];
+};
+
+static void *crew_worker(void *arg) {
+    crew_seat *seat = arg;
+    crew *c = seat->crew;
+    thread_tag = seat->index;
+    for (;;) {
+        spin_barrier_wait(&c->start);
+        if (c->stop) {
+            return NULL;
+        }
+        c->play(c->context, seat->index, c->round);
+        spin_barrier_wait(&c->done);
+    }
+}
+
+static void crew_start(crew *c, unsigned size, play_fn play, void *context) {
+    memset(c, 0, sizeof *c);
+    c->size = size;
+    c->play = play;
+    c->context = context;
+    spin_barrier_init(&c->start, size);
+    spin_barrier_init(&c->done, size);
+    for (unsigned i = 1; i < size; i++) {
+        c->seats[i] = (crew_seat){c, i};
+        int error = pthread_create(&c->threads[i], NULL, crew_worker, &c->seats[i]);
+        if (error != 0) {
+            fprintf(stderr, "core_test: pthread_create: %s\n", strerror(error));
+            exit(2); /* the barriers now wait for a thread that does not exist */
+        }
+    }
+}
+
+static void crew_play_round(crew *c, unsigned long round) {
+    c->round = round;
+    spin_barrier_wait(&c->start);
+    c->play(c->context, 0, round);
+    spin_barrier_wait(&c->done);
+}
+
+static void crew_finish(crew *c) {
+    c->stop = true;
+    spin_barrier_wait(&c->start);
+    for (unsigned i = 1; i < c->size; i++) {
+        pthread_join(c->threads[i], NULL);
+    }
+}
+
+/* ---- stress configuration --------------------------------------------------------- */
+
+enum { MIN_STRESS_ROUNDS = 10 };
+
+static unsigned long env_rounds;   /* 0: each test's default */
+static double env_seconds;         /* 0: no cap */
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void read_environment(void) {
+    const char *text = getenv("PROMISE_STRESS_ITERATIONS");
+    if (text != NULL && *text != '\0') {
+        char *end;
+        errno = 0;
+        unsigned long value = strtoul(text, &end, 10);
+        if (errno != 0 || *end != '\0' || value == 0 || text[0] == '-') {
+            fprintf(stderr, "core_test: PROMISE_STRESS_ITERATIONS=%s: want a positive integer\n",
+                    text);
+            exit(2);
+        }
+        env_rounds = value;
+    }
+    text = getenv("PROMISE_STRESS_SECONDS");
+    if (text != NULL && *text != '\0') {
+        char *end;
+        double value = strtod(text, &end);
+        if (*end != '\0' || !(value > 0)) {
+            fprintf(stderr, "core_test: PROMISE_STRESS_SECONDS=%s: want a positive number\n",
+                    text);
+            exit(2);
+        }
+        env_seconds = value;
+    }
+}
+
+/*
+ * One stress test: `prepare` resets the shared state (main thread, crew parked), the
+ * crew plays the round, `check` inspects it (crew parked again). Stops at the first
+ * failed round, after `rounds`, or when the wall-clock cap is exceeded.
+ */
+typedef struct {
+    const char *name;
+    unsigned participants;
+    unsigned long default_rounds;
+    void (*prepare)(void *context, unsigned long round);
+    play_fn play;
+    void (*check)(void *context, unsigned long round, verdict *v);
+    void (*summary)(void *context, unsigned long rounds); /* prints '#' diagnostics */
+} stress_test;
+
+static void run_stress(const stress_test *test, void *context) {
+    unsigned long rounds = env_rounds != 0 ? env_rounds : test->default_rounds;
+    verdict v = {0};
+    crew c;
+    crew_start(&c, test->participants, test->play, context);
+    double started = now_seconds();
+    unsigned long round = 0;
+    while (round < rounds) {
+        test->prepare(context, round);
+        crew_play_round(&c, round);
+        test->check(context, round, &v);
+        if (v.failed) {
+            v.in_round = true;
+            v.round = round;
+            round += 1;
+            break;
+        }
+        round += 1;
+        if (env_seconds > 0 && round >= MIN_STRESS_ROUNDS && now_seconds() - started > env_seconds) {
+            break;
+        }
+    }
+    crew_finish(&c);
+    double elapsed = now_seconds() - started;
+    printf("# %s: %lu of %lu rounds in %.2f s\n", test->name, round, rounds, elapsed);
+    test->summary(context, round);
+    report(test->name, &v, round);
+}
+
+/* Payloads name the round, the outcome and the thread, so a stale or foreign value shows. */
+static uint64_t make_payload(unsigned long round, uintptr_t outcome, unsigned participant) {
+    return ((uint64_t)round << 16) | ((uint64_t)outcome << 8) | participant;
+}
+
+/* ---- 3. racing settlers ----------------------------------------------------------- */
+
+enum { SETTLERS = 4 };
+
+typedef struct {
+    bool won;
+    uintptr_t seen_state;  /* a loser's pc_state right after losing */
+    uint64_t seen_payload; /* and the payload, when that state was settled */
+} settler_seat;
+
+typedef struct {
+    test_promise promise;
+    observer early;  /* registered before the round: fired by the winner */
+    observer late;   /* registered by participant 0 after its claim: races the publish */
+    settler_seat seats[SETTLERS];
+    unsigned long wins[SETTLERS];
+    unsigned long losers_saw_settled, losers_saw_pending;
+} settlers_context;
+
+/* Outcomes rotate so that every thread tries every outcome. */
+static uintptr_t settler_outcome(unsigned participant, unsigned long round) {
+    return PC_FULFILLED + (uintptr_t)((participant + round) % 3);
+}
+
+static void settlers_prepare(void *context, unsigned long round) {
+    settlers_context *s = context;
+    (void)round;
+    memset(&s->promise, 0, sizeof s->promise);
+    memset(s->seats, 0, sizeof s->seats);
+    observer_init(&s->early, observer_fire, 0, 0);
+    observer_init(&s->late, observer_fire, 0, 1);
+    pc_observe(&s->promise.core, &s->early.node);
+}
+
+static void settlers_play(void *context, unsigned me, unsigned long round) {
+    settlers_context *s = context;
+    settler_seat *seat = &s->seats[me];
+    uintptr_t outcome = settler_outcome(me, round);
+    if (settle(&s->promise, PC_FREE, outcome, make_payload(round, outcome, me))) {
+        seat->won = true;
+    } else {
+        /* acquire: a settled state makes the winner's payload visible here */
+        seat->seen_state = pc_state(&s->promise.core);
+        if (seat->seen_state != PC_PENDING) {
+            seat->seen_payload = s->promise.payload;
+        }
+    }
+    if (me == 0) {
+        pc_observe(&s->promise.core, &s->late.node);
+    }
+}
+
+static void settlers_check(void *context, unsigned long round, verdict *v) {
+    settlers_context *s = context;
+    unsigned winner = SETTLERS;
+    for (unsigned i = 0; i < SETTLERS; i++) {
+        if (s->seats[i].won) {
+            CHECK(v, winner == SETTLERS, "threads %u and %u both won the claim", winner, i);
+            winner = i;
+        }
+    }
+    CHECK(v, winner < SETTLERS, "no thread won the claim");
+    s->wins[winner] += 1;
+
+    uintptr_t outcome = settler_outcome(winner, round);
+    uint64_t payload = make_payload(round, outcome, winner);
+    CHECK(v, pc_claimed(&s->promise.core) == outcome, "claim word %lu, winner's outcome %lu",
+          (unsigned long)pc_claimed(&s->promise.core), (unsigned long)outcome);
+    CHECK(v, pc_state(&s->promise.core) == outcome, "state %lu, winner's outcome %lu",
+          (unsigned long)pc_state(&s->promise.core), (unsigned long)outcome);
+    CHECK(v, s->promise.payload == payload, "payload overwritten by a loser");
+    check_observer(v, &s->early, "observer registered before", &s->promise.core, outcome,
+                   payload);
+    check_observer(v, &s->late, "observer registered during", &s->promise.core, outcome,
+                   payload);
+    if (v->failed) {
+        return;
+    }
+    for (unsigned i = 0; i < SETTLERS; i++) {
+        settler_seat *seat = &s->seats[i];
+        if (i == winner) {
+            continue;
+        }
+        if (seat->seen_state == PC_PENDING) {
+            s->losers_saw_pending += 1;
+            continue;
+        }
+        s->losers_saw_settled += 1;
+        CHECK(v, seat->seen_state == outcome && seat->seen_payload == payload,
+              "loser %u saw state %lu payload %#llx, winner published %lu %#llx", i,
+              (unsigned long)seat->seen_state, (unsigned long long)seat->seen_payload,
+              (unsigned long)outcome, (unsigned long long)payload);
+    }
+    CHECK(v, pc_detach(&s->promise.core) == NULL, "pc_detach on the settled promise");
+}
+
+static void settlers_summary(void *context, unsigned long rounds) {
+    settlers_context *s = context;
+    (void)rounds;
+    printf("# wins per thread:");
+    for (unsigned i = 0; i < SETTLERS; i++) {
+        printf(" %lu", s->wins[i]);
+    }
+    printf("; losers saw pending %lu, settled %lu times\n", s->losers_saw_pending,
+           s->losers_saw_settled);
+}
+
+/* ---- 4. registration racing the settle -------------------------------------------- */
+
+enum { REGISTRARS = 3, PER_REGISTRAR = 32 };
+
+typedef struct {
+    test_promise promise;
+    observer observers[REGISTRARS][PER_REGISTRAR];
+    bool settled;
+    atomic_ulong settler_fires; /* fires on the settler's thread this round */
+    unsigned long fired_by_settler, fired_inline, late_batch, mixed_rounds;
+} race_context;
+
+static race_context *race; /* for the fire callback, which only gets the node */
+
+/* Registrars are participants 1..REGISTRARS; participant 0 (main) settles. */
+static void race_fire(pc_node *node, pc_promise *source) {
+    observer_fire(node, source);
+    if (source != NULL && thread_tag == 0) {
+        atomic_fetch_add_explicit(&race->settler_fires, 1, memory_order_relaxed);
+        spin_for(20); /* widen the firing window, so registrations land in it */
+    }
+}
+
+static uintptr_t race_outcome(unsigned long round) {
+    return PC_FULFILLED + (uintptr_t)(round % 3);
+}
+
+static void race_prepare(void *context, unsigned long round) {
+    race_context *r = context;
+    (void)round;
+    memset(&r->promise, 0, sizeof r->promise);
+    r->settled = false;
+    atomic_store(&r->settler_fires, 0);
+    for (unsigned g = 0; g < REGISTRARS; g++) {
+        for (unsigned i = 0; i < PER_REGISTRAR; i++) {
+            observer_init(&r->observers[g][i], race_fire, g + 1, i);
+        }
+    }
+}
+
+static void race_play(void *context, unsigned me, unsigned long round) {
+    race_context *r = context;
+    if (me == 0) {
+        /* Vary when the settle lands: before, among or after the registrations. */
+        spin_for((unsigned)(round * 37 % 400));
+        uintptr_t outcome = race_outcome(round);
+        r->settled = settle(&r->promise, PC_FREE, outcome, make_payload(round, outcome, 0));
+        return;
+    }
+    observer *mine = r->observers[me - 1];
+    for (unsigned i = 0; i < PER_REGISTRAR; i++) {
+        mine[i].settler_had_fired =
+            atomic_load_explicit(&r->settler_fires, memory_order_relaxed) != 0;
+        pc_observe(&r->promise.core, &mine[i].node);
+    }
+}
+
+static void race_check(void *context, unsigned long round, verdict *v) {
+    race_context *r = context;
+    uintptr_t outcome = race_outcome(round);
+    uint64_t payload = make_payload(round, outcome, 0);
+    CHECK(v, r->settled, "the only claim lost");
+    CHECK(v, pc_state(&r->promise.core) == outcome, "state %lu, want %lu",
+          (unsigned long)pc_state(&r->promise.core), (unsigned long)outcome);
+    unsigned long by_settler = 0, inline_fires = 0;
+    for (unsigned g = 0; g < REGISTRARS; g++) {
+        observer *order[PER_REGISTRAR];
+        for (unsigned i = 0; i < PER_REGISTRAR; i++) {
+            observer *o = &r->observers[g][i];
+            check_observer(v, o, "observer", &r->promise.core, outcome, payload);
+            if (v->failed) {
+                return;
+            }
+            order[i] = o;
+            if (o->fired_by == 0) {
+                by_settler += 1;
+                /* The settler had taken a batch before this registration began, and
+                 * still fired it: it was pushed while the word said FIRING. */
+                r->late_batch += o->settler_had_fired;
+            } else {
+                CHECK(v, o->fired_by == g + 1, "observer of registrar %u fired on thread %u",
+                      g + 1, o->fired_by);
+                inline_fires += 1;
+            }
+        }
+        char what[64];
+        snprintf(what, sizeof what, "registrar %u order", g + 1);
+        check_fire_order(v, order, PER_REGISTRAR, what);
+        if (v->failed) {
+            return;
+        }
+    }
+    CHECK(v, pc_detach(&r->promise.core) == NULL, "pc_detach on the settled promise");
+    r->fired_by_settler += by_settler;
+    r->fired_inline += inline_fires;
+    r->mixed_rounds += by_settler != 0 && inline_fires != 0;
+}
+
+static void race_summary(void *context, unsigned long rounds) {
+    race_context *r = context;
+    (void)rounds;
+    printf("# fired by the settler %lu (of which pushed while firing: %lu), inline %lu; "
+           "rounds with both: %lu\n",
+           r->fired_by_settler, r->late_batch, r->fired_inline, r->mixed_rounds);
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+int main(void) {
+    read_environment();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("# PROMISE_STRESS_ITERATIONS=%lu (0: defaults), PROMISE_STRESS_SECONDS=%g (0: no cap)\n",
+           env_rounds, env_seconds);
+
+    run_test("settle fires observers once, in registration order", test_settle_fires_in_order);
+    run_test("observe after settle fires inline", test_observe_after_settle_fires_inline);
+    run_test("claim FOLLOWING, then an outcome", test_following);
+    run_test("observe while firing joins the next batch", test_observe_while_firing_joins_next_batch);
+    run_test("detach returns unfired observers", test_detach);
+
+    run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
+    run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
+    run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
+
+    static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
+    const stress_test racing_settlers = {
+        "racing settlers", SETTLERS, 20000,
+        settlers_prepare, settlers_play, settlers_check, settlers_summary,
+    };
+    run_stress(&racing_settlers, &settlers);
+
+    static race_context racing;
+    race = &racing;
+    const stress_test registration_race = {
+        "registration racing the settle", 1 + REGISTRARS, 20000,
+        race_prepare, race_play, race_check, race_summary,
+    };
+    run_stress(&registration_race, &racing);
+
+    printf("%u passed, %u failed\n", tests_passed, tests_failed);
+    return tests_failed == 0 ? 0 : 1;
+}
