@@ -1,0 +1,94 @@
+// A tour of the Promise library, printing what happens and when.
+// Run it with `make demo`.
+import Dispatch
+import Foundation
+import Promise
+
+let start = DispatchTime.now()
+func say(_ text: String) {
+    let ms = Double(DispatchTime.now().uptimeNanoseconds - start.uptimeNanoseconds) / 1e6
+    print(String(format: "[%7.2f ms] ", ms) + text)
+}
+
+struct LookupError: Error, CustomStringConvertible {
+    let key: String
+    var description: String { "no entry for \(key)" }
+}
+
+/// A slow lookup: the promise is fulfilled later, from a background queue.
+func lookup(_ key: String, after milliseconds: Int) -> Promise<Int> {
+    let promise = Promise<Int>()
+    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) {
+        if key.isEmpty { promise.reject(LookupError(key: key)) } else { promise.fulfill(key.count * 10) }
+    }
+    return promise
+}
+
+// 1. A typed chain: Int -> Int -> String.
+say("1. typed chain")
+let label = lookup("answer", after: 20)
+    .then { $0 + 2 }
+    .then { "the answer is \($0)" }
+say("   \(try label.wait())")
+
+// 2. An error skips the success handlers until an error handler takes it.
+say("2. error caught down the chain")
+let recovered = lookup("", after: 10)
+    .then { value -> Int in
+        say("   never printed: \(value)")
+        return value
+    }
+    .catch { say("   catch saw: \($0)") }
+    .recover { _ in -1 }
+say("   recovered with \(try recovered.wait())")
+
+// 3. Cancelling one branch leaves its sibling alone.
+say("3. cancel a branch, the sibling still gets its value")
+let shared = lookup("shared", after: 30)
+let cancelledBranch = shared.then { "branch A got \($0)" }
+let siblingBranch = shared.then { "branch B got \($0)" }
+cancelledBranch.cancel()
+say("   branch A: \(cancelledBranch.state)")
+say("   \(try siblingBranch.wait())")
+say("   branch A after the parent fulfilled: \(cancelledBranch.state)")
+
+// 4. Handlers on a concurrent queue are serialised by a barrier.
+say("4. 8 handlers on one concurrent queue, each 5 ms of work")
+let queue = DispatchQueue(label: "demo.concurrent", attributes: .concurrent)
+final class Overlap: @unchecked Sendable {
+    private let lock = NSLock()
+    private var running = 0
+    private(set) var maximum = 0
+    func enter() { lock.lock(); running += 1; maximum = max(maximum, running); lock.unlock() }
+    func leave() { lock.lock(); running -= 1; lock.unlock() }
+}
+let overlap = Overlap()
+let ready = Promise<Void>()
+let handlers = (0..<8).map { index in
+    ready.then(on: queue) { () -> Int in
+        overlap.enter()
+        Thread.sleep(forTimeInterval: 0.005)
+        overlap.leave()
+        return index
+    }
+}
+ready.fulfill(())
+let order = try handlers.map { try $0.wait() }
+say("   ran in order \(order), at most \(overlap.maximum) at a time")
+
+// 5. .immediate: a 100,000-step chain settles inline, without growing the stack.
+say("5. a 100,000-step .immediate chain")
+let first = Promise<Int>()
+var last = first
+for _ in 0..<100_000 { last = last.then(on: .immediate) { $0 + 1 } }
+first.fulfill(0)
+say("   last step holds \(try last.wait())")
+
+// 6. Blocking with a timeout.
+say("6. wait(timeout:) on a promise nobody settles")
+do {
+    _ = try Promise<Int>().wait(timeout: .milliseconds(50))
+} catch {
+    say("   \(error)")
+}
+say("done")

@@ -1,0 +1,65 @@
+# The front door. Every target says what it does; everything that compiles depends on
+# `deps`, which installs the one system requirement (libatomic_ops) when it is missing.
+
+SWIFT      ?= swift
+CC         ?= cc
+BUILD_DIR  ?= .build
+CORE_SRC   := Sources/CPromiseCore/CPromiseCore.c
+CORE_INC   := Sources/CPromiseCore/include
+CORE_TEST  := Tests/CoreTests/core_test.c
+CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
+# Swift warnings are errors; C warnings (-Wall -Wextra) too.
+SWIFT_FLAGS := -Xswiftc -warnings-as-errors -Xcc -Wall -Xcc -Wextra -Xcc -Werror
+
+.PHONY: all deps build test test-core test-swift demo clean help
+
+all: build
+
+help:
+	@echo "make deps       install libatomic-ops-dev if atomic_ops.h is missing"
+	@echo "make build      build the library (warnings are errors)"
+	@echo "make test       C core tests + swift test"
+	@echo "make demo       run the demo program (Examples/)"
+	@echo "make clean      remove build outputs"
+
+deps:
+	@echo "==> deps: looking for atomic_ops.h (libatomic_ops)"
+	@if echo '#include <atomic_ops.h>' | $(CC) -E -x c - >/dev/null 2>&1; then \
+		echo "    found"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "    missing: installing libatomic-ops-dev with apt-get"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q libatomic-ops-dev; \
+	elif command -v brew >/dev/null 2>&1; then \
+		echo "    missing: installing libatomic_ops with Homebrew"; \
+		brew install libatomic_ops; \
+	else \
+		echo "    missing, and no apt-get or brew here: install libatomic_ops by hand" >&2; exit 1; \
+	fi
+
+build: deps
+	@echo "==> build: swift build (warnings as errors)"
+	$(SWIFT) build $(SWIFT_FLAGS)
+
+$(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(CORE_INC)/CPromiseCore.h | deps
+	@mkdir -p $(BUILD_DIR)
+	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
+
+test-core: deps $(BUILD_DIR)/core_test
+	@echo "==> test-core: the C core alone, from C with pthreads"
+	$(BUILD_DIR)/core_test
+
+test-swift: deps
+	@echo "==> test-swift: swift test (warnings as errors)"
+	$(SWIFT) test $(SWIFT_FLAGS)
+
+test: test-core test-swift
+	@echo "==> test: all passed"
+
+demo: deps
+	@echo "==> demo: Examples/ demo program (its own package, depends on this one by path)"
+	cd Examples && $(SWIFT) run -c release demo
+
+clean:
+	@echo "==> clean"
+	rm -rf $(BUILD_DIR) Examples/.build
