@@ -41,7 +41,7 @@ final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendabl
 
     @usableFromInline
     override func run(_ source: AnyPromise) {
-        body(unsafeDowncast(source, to: Promise<Value>.self).result.unsafelyUnwrapped)
+        body(unsafeDowncast(source, to: Promise<Value>.self).settledResult.unsafelyUnwrapped)
     }
 }
 

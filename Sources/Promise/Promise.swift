@@ -143,7 +143,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// The outcome once published, nil while pending. A cancelled promise reads as
     /// `.failure(reason)`.
     @inlinable
-    var result: Result<Value, any Error>? {
+    var settledResult: Result<Value, any Error>? {
         switch publishedTag {
         case UInt(PC_FULFILLED): return .success(fulfilledValue.unsafelyUnwrapped)
         case UInt(PC_PENDING): return nil

@@ -1,0 +1,89 @@
+import Dispatch
+import XCTest
+import Promise
+
+private struct Boom: Error, Equatable {}
+
+final class ConcurrencyTests: XCTestCase {
+    func testAwaitValueOfSettledPromiseReturnsWithoutSuspending() async throws {
+        let value = try await Promise(value: 7).value
+        XCTAssertEqual(value, 7)
+    }
+
+    func testAwaitValueOfPendingPromiseSettledFromAnotherThread() async throws {
+        let promise = Promise<Int>()
+        DispatchQueue.global().async { promise.fulfill(42) }
+        let value = try await promise.value
+        XCTAssertEqual(value, 42)
+    }
+
+    func testAwaitValueThrowsTheRejection() async {
+        let promise = Promise<Int>()
+        DispatchQueue.global().async { promise.reject(Boom()) }
+        do {
+            _ = try await promise.value
+            XCTFail("expected a throw")
+        } catch {
+            XCTAssertEqual(error as? Boom, Boom())
+        }
+    }
+
+    func testAwaitResultOfCancelledPromiseIsCancellationFailure() async {
+        let promise = Promise<Int>()
+        promise.cancel()
+        let result = await promise.result
+        guard case .failure(let error) = result else { return XCTFail("expected failure, got \(result)") }
+        XCTAssertTrue(error is CancellationError)
+    }
+
+    func testCancellingTheAwaitingTaskCancelsOnlyTheWaiter() async throws {
+        let promise = Promise<Int>()
+        let waiting = Promise<Void>()
+        let waiter = Task {
+            waiting.fulfill(())
+            return try await promise.value
+        }
+        try await waiting.value
+        waiter.cancel()
+        do {
+            _ = try await waiter.value
+            XCTFail("the cancelled waiter should throw")
+        } catch {
+            XCTAssertTrue(error is CancellationError, "got \(error)")
+        }
+        XCTAssertTrue(promise.isPending, "the awaited promise must be untouched")
+        promise.fulfill(1)
+        let later = try await promise.value
+        XCTAssertEqual(later, 1)
+    }
+
+    func testAsyncInitialiserFulfilsWithTheTaskResult() async throws {
+        let promise = Promise<String> { "from a task" }
+        let value = try await promise.value
+        XCTAssertEqual(value, "from a task")
+    }
+
+    func testAsyncInitialiserRejectsWhenTheTaskThrows() {
+        let promise = Promise<Int> { throw Boom() }
+        XCTAssertThrowsError(try promise.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Boom, Boom()) }
+    }
+
+    func testCancellingTheAsyncPromiseCancelsItsTask() throws {
+        let started = Promise<Void>()
+        let sawCancellation = Promise<Bool>()
+        let promise = Promise<Int> {
+            started.fulfill(())
+            do {
+                try await Task.sleep(for: .seconds(30))
+                sawCancellation.fulfill(false)
+            } catch {
+                sawCancellation.fulfill(error is CancellationError)
+            }
+            return 0
+        }
+        try started.wait(timeout: .seconds(10))
+        promise.cancel()
+        XCTAssertTrue(promise.isCancelled)
+        XCTAssertTrue(try sawCancellation.wait(timeout: .seconds(10)), "the Task saw no cancellation")
+    }
+}
