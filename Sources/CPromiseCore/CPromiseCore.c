@@ -16,7 +16,7 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-_Static_assert(sizeof(pc_promise) == 4 * sizeof(void *), "pc_promise is four words");
+_Static_assert(sizeof(pc_promise) == 6 * sizeof(void *), "pc_promise is six words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -196,4 +196,74 @@ pc_node *pc_detach(pc_promise *promise) {
      * pc_detach (the dying object's own deinit after its links were taken) find nothing. */
     AO_store(PC_WORD(&promise->state), (AO_t)PC_PENDING);
     return (pc_node *)(seen & ~PC_TAG_MASK);
+}
+
+/* ---- the cancellation registry ---------------------------------------------------- */
+
+#define PC_COUNT_ONE ((uintptr_t)8u)
+
+uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
+    /* No ordering: only a first guess for the CAS, which validates it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->children));
+    for (;;) {
+        link->next = (pc_node *)seen;
+        /* release: publishes link->next and the object embedding the link (its weak
+         * reference to the child) before the link is reachable; pairs with the acquire
+         * CAS in pc_children_take. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_release(
+            PC_WORD(&promise->children), (AO_t)seen, (AO_t)(uintptr_t)link);
+        if (was == seen) {
+            break;
+        }
+        seen = was;
+    }
+    /* full: besides counting (for the pruning heuristic), orders the push above before
+     * the caller's next pc_family load; pairs with the full CAS in pc_family_set (Dekker:
+     * a canceller either takes this link or this pusher sees its PUBLISHED bit). */
+    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->family), (AO_t)PC_COUNT_ONE);
+    return before / PC_COUNT_ONE + 1;
+}
+
+pc_node *pc_children_take(pc_promise *promise) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->children));
+    while (seen != 0) {
+        /* acquire: pairs with the release push in pc_children_push, so the taken links
+         * and what they point at are visible; the caller owns them from here. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_acquire(
+            PC_WORD(&promise->children), (AO_t)seen, (AO_t)0);
+        if (was == seen) {
+            return (pc_node *)seen;
+        }
+        seen = was;
+    }
+    return NULL;
+}
+
+void pc_children_forget(pc_promise *promise, uintptr_t count) {
+    /* No ordering: bookkeeping for the pruning heuristic only. */
+    (void)AO_fetch_and_add(PC_WORD(&promise->family), (AO_t)(0 - count * PC_COUNT_ONE));
+}
+
+bool pc_family_set(pc_promise *promise, uintptr_t bit) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->family));
+    while ((seen & bit) == 0) {
+        /* full: release publishes what the caller stored before (a cancel reason before
+         * PUBLISHED); the StoreLoad half orders this store before the caller's next
+         * pc_children_take (see pc_children_push). */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->family), (AO_t)seen, (AO_t)(seen | bit));
+        if (was == seen) {
+            return true;
+        }
+        seen = was;
+    }
+    return false;
+}
+
+uintptr_t pc_family(const pc_promise *promise) {
+    /* acquire: pairs with the full CAS in pc_family_set; a PUBLISHED bit seen here makes
+     * the reason stored before it visible. */
+    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
 }

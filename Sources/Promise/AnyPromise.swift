@@ -66,12 +66,21 @@ public class AnyPromise: @unchecked Sendable {
     @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
 
+    /// The promise this one follows because a handler returned it (owned work: a cancel
+    /// reaches it). Weak: it holds us in its observer list until it settles.
+    @exclusivity(unchecked) final weak var followee: AnyPromise?
+
+    /// The reason of a cancel forwarded through this promise after it had settled; written
+    /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
+    @exclusivity(unchecked) final var forwardedCancelReason: (any Error)?
+
     @usableFromInline
     init(parent: AnyPromise?) {
         weakParent = parent
     }
 
     deinit {
+        releaseChildLinks()
         releaseOwnedLinksIteratively()
     }
 
@@ -149,7 +158,15 @@ public class AnyPromise: @unchecked Sendable {
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
+        // The followed promise is work this promise owns: cancelling us cancels it.
+        followee = source
+        linkIntoParentChain()
         observe(source, as: .following)
+        if let reason = weakParent?.cancelReasonForDescendants {
+            cancel(reason: reason)  // the parent was cancelled while we were linking
+        } else if isCancelled {
+            source.cancel(reason: failure ?? CancellationError())  // cancelled meanwhile
+        }
     }
 
     // MARK: Firing (called from CoreBridge's fire callbacks)
@@ -162,8 +179,14 @@ public class AnyPromise: @unchecked Sendable {
         case .continuation:
             settledParentRetain = Unmanaged.passRetained(source)
             let context = self.context.unsafelyUnwrapped
-            if context.isImmediate || source.publishedTag == UInt(PC_CANCELLED) {
+            if context.isImmediate || source.cancelReasonForDescendants != nil {
                 deferOnThisThread()  // runs right after the current firing, no recursion
+                return
+            }
+            // In flight after the parent settled: a later cancel must still reach us.
+            linkIntoParentChain()
+            if source.cancelReasonForDescendants != nil {
+                deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
                 context.execute { self.runContinuation() }
                 retained.release()
@@ -187,15 +210,15 @@ public class AnyPromise: @unchecked Sendable {
     final func runDeferred() {
         switch role {
         case .continuation:
-            guard let parent = settledParent, parent.publishedTag == UInt(PC_CANCELLED) else {
+            guard let parent = settledParent, let reason = parent.cancelReasonForDescendants else {
                 runContinuation()
                 return
             }
-            // Cancellation flows down at once, whatever context the handler runs on; the
-            // handler still gets its error side, for clean-up.
-            let reason = parent.failure ?? CancellationError()
-            _ = settleFailure(reason, as: PC_CANCELLED)
-            guard let op = continuation, op.hasErrorSide else {
+            // Cancellation flows down at once, whatever context the handler runs on. A
+            // cancelled parent still gives the handler its error side, for clean-up; a
+            // settled parent whose cancel is being forwarded gives it nothing to run.
+            cancel(reason: reason)
+            guard parent.isCancelled, let op = continuation, op.hasErrorSide else {
                 continuation = nil
                 return
             }

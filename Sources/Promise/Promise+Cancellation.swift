@@ -1,29 +1,66 @@
 import CPromiseCore
 
 extension AnyPromise {
-    /// Cancels the promise if it is still pending: it settles as `.cancelled` with a
-    /// `CancellationError`. Does nothing to a promise that has already settled.
+    /// Cancels the promise and every descendant that is still pending.
     ///
-    /// Cancellation flows down, never up or sideways: children registered with `then`
-    /// and friends end cancelled with the same reason (their error handlers still run,
-    /// for clean-up), while the parent and siblings are untouched. Handlers registered
-    /// later on a cancelled promise yield cancelled children.
+    /// A pending promise settles as `.cancelled` with a `CancellationError`. Cancellation
+    /// then flows down, never up or sideways: children end cancelled with the same reason
+    /// (their error handlers still run, for clean-up), and so does every pending
+    /// descendant, also when this promise had already settled before the cancel (a child
+    /// whose handler is still queued, or that follows a promise its handler returned).
+    /// The parent and siblings are untouched. Handlers registered later on a cancelled
+    /// promise yield cancelled children.
+    ///
+    /// Cancellation reaches the work a promise owns: its `onCancel` handlers, the Task of
+    /// `Promise { try await ... }`, and the promise a handler returned that the child
+    /// follows.
     ///
     /// ```swift
     /// let image = download(url).then { decode($0) }
     /// image.cancel()            // `download` keeps going; `image` is cancelled
     /// image.root.cancel()       // the whole tree, from the top
     /// ```
+    ///
+    /// - Complexity: O(number of descendants still in flight), iteratively (no recursion).
     public final func cancel() {
         cancel(reason: CancellationError())
     }
 
-    /// Cancels the promise with `reason` as its error (see `cancel()`).
+    /// Cancels the promise and its pending descendants with `reason` as their error (see
+    /// `cancel()`).
     ///
-    /// A promise that follows another one (a handler returned it, or `resolve(with:)`)
-    /// is cancelled too: it stops following.
+    /// ```swift
+    /// struct UserAborted: Error {}
+    /// upload.cancel(reason: UserAborted())
+    /// upload.catch { print($0) }   // UserAborted()
+    /// ```
     public final func cancel(reason: any Error) {
-        _ = settleFailure(reason, as: PC_CANCELLED)
+        var work: [AnyPromise] = [self]
+        while let promise = work.popLast() {
+            promise.cancelOne(reason: reason, into: &work)
+        }
+    }
+
+    /// Cancels this promise alone (if pending) and appends to `work` the descendants and
+    /// owned work that the cancel must reach next.
+    private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
+        let wasFollowing = claimHint == UInt(PC_FOLLOWING)
+        if settleFailure(reason, as: PC_CANCELLED) {
+            if wasFollowing, let followee { work.append(followee) }
+        } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
+            // Settled otherwise: remember the reason for descendants still to come.
+            forwardedCancelReason = reason
+            _ = pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_PUBLISHED))
+        }
+        forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
+    }
+
+    /// The reason descendants must be cancelled with: this promise's own if it is
+    /// cancelled, or that of a cancel forwarded through it after it settled; nil if none.
+    final var cancelReasonForDescendants: (any Error)? {
+        if publishedTag == UInt(PC_CANCELLED) { return failure ?? CancellationError() }
+        guard pc_family(corePointer) & UInt(PC_FAMILY_CANCEL_PUBLISHED) != 0 else { return nil }
+        return forwardedCancelReason
     }
 
     /// Registers `body` to run once if and when this promise is cancelled: the resolver
@@ -46,5 +83,85 @@ extension AnyPromise {
     /// trampoline), so keep it short and non-blocking.
     public final func onCancel(_ body: @escaping @Sendable () -> Void) {
         CancelObserver(body: body).register(on: self)
+    }
+}
+
+// MARK: The registry of descendants in flight
+
+/// A weak link from a promise to a descendant that is in flight after the promise
+/// settled. Weak, so the registry never keeps a settled subtree alive; dead links are
+/// pruned as the registry grows.
+final class ChildLink {
+    final var node = pc_node()  // first stored property: the registry's intrusive link
+    weak var child: AnyPromise?
+
+    init(_ child: AnyPromise) {
+        self.child = child
+    }
+}
+
+extension AnyPromise {
+    /// Links this promise into its parent's registry, and the parent into its own, up to
+    /// the first ancestor that is linked already (each link is made once).
+    final func linkIntoParentChain() {
+        var promise: AnyPromise = self
+        while let parent = promise.weakParent,
+              pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
+            parent.addChildLink(ChildLink(promise))
+            if let reason = parent.cancelReasonForDescendants {
+                // The parent's cancel may have missed this fresh link: apply it here.
+                promise.cancel(reason: reason)
+            }
+            promise = parent
+        }
+    }
+
+    private final func addChildLink(_ link: ChildLink) {
+        let count = pc_children_push(corePointer, linkNode(Unmanaged.passRetained(link)))
+        if count >= 32, count & (count - 1) == 0 {
+            forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
+        }
+    }
+
+    /// Takes the registry, calls `body` for each live child, puts back the links to live
+    /// children and drops dead ones. With `reapplyingCancel`, a cancel published while
+    /// the links were out of the registry (so its own walk found nothing) is applied to
+    /// them here; a canceller's own walk passes false, having queued them already.
+    final func forEachLinkedChild(reapplyingCancel: Bool, _ body: (AnyPromise) -> Void) {
+        var node = pc_children_take(corePointer)
+        guard node != nil else { return }
+        var taken: UInt = 0
+        var kept: [Unmanaged<ChildLink>] = []
+        while let current = node {
+            node = current.pointee.next
+            taken += 1
+            let link = Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize)
+            if let child = link.takeUnretainedValue().child {
+                body(child)
+                kept.append(link)
+                continue
+            }
+            link.release()
+        }
+        for link in kept.reversed() {
+            _ = pc_children_push(corePointer, linkNode(link))
+        }
+        pc_children_forget(corePointer, taken)
+        if reapplyingCancel, !kept.isEmpty, let reason = cancelReasonForDescendants {
+            for link in kept { link.takeUnretainedValue().child?.cancel(reason: reason) }
+        }
+    }
+
+    /// Releases the registry's links (deinit only).
+    final func releaseChildLinks() {
+        var node = pc_children_take(corePointer)
+        while let current = node {
+            node = current.pointee.next
+            Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize).release()
+        }
+    }
+
+    private final func linkNode(_ link: Unmanaged<ChildLink>) -> UnsafeMutablePointer<pc_node> {
+        (UnsafeMutableRawPointer(link.toOpaque()) + CoreLayout.headerSize).assumingMemoryBound(to: pc_node.self)
     }
 }

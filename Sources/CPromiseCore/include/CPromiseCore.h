@@ -47,6 +47,8 @@
  *   pc_defer        from inside a fire callback,     wait-free (thread-local)
  *                   or any thread to run a node now
  *   pc_detach       only the owner's deinit          wait-free (one load)
+ *   pc_children_*   any thread, any time             lock-free (push, take: CAS loops);
+ *   pc_family_set                                    forget, pc_family: wait-free
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which.
@@ -109,9 +111,12 @@ struct pc_node {
 
 /* The C state of one promise. Zero-initialised means pending, unclaimed, no observers. */
 struct pc_promise {
-    uintptr_t state; /* atomic: observer stack head | PC_FIRING | outcome */
-    uintptr_t claim; /* atomic: PC_FREE, PC_FOLLOWING or an outcome */
-    pc_node node;    /* this promise's own node, for observing its parent or followee */
+    uintptr_t state;    /* atomic: observer stack head | PC_FIRING | outcome */
+    uintptr_t claim;    /* atomic: PC_FREE, PC_FOLLOWING or an outcome */
+    pc_node node;       /* this promise's own node, for observing its parent or followee */
+    uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
+    uintptr_t family;   /* atomic: PC_FAMILY_* bits, and from bit 3 up the number of
+                           links pushed here (approximate, for pruning) */
 };
 
 /*
@@ -145,6 +150,39 @@ uintptr_t pc_state(const pc_promise *_Nonnull promise);
  * when called from one (iteration instead of recursion), otherwise at once.
  */
 void pc_defer(pc_node *_Nonnull node);
+
+/*
+ * The cancellation registry: links to descendants that are still in flight after this
+ * promise settled (handlers queued on a context, children following another promise),
+ * so that a later cancel can reach them. A Treiber stack that, unlike the observer
+ * stack, outlives settling. Push is lock-free; take removes the whole stack at once, so
+ * nodes are never unlinked one by one (no ABA). Returns the number of links pushed so far
+ * (approximate under races; used only to decide when to prune).
+ */
+uintptr_t pc_children_push(pc_promise *_Nonnull promise, pc_node *_Nonnull link);
+
+/* Takes the whole registry (newest first, NULL if empty); the caller owns the nodes. */
+pc_node *_Nullable pc_children_take(pc_promise *_Nonnull promise);
+
+/* Lowers the registry's count after the caller dropped `count` links it had taken. */
+void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
+
+/* Bits of the `family` word. */
+#define PC_FAMILY_LINKED 1u           /* linked into the parent's registry */
+#define PC_FAMILY_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
+#define PC_FAMILY_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
+                                         in the registry later must be cancelled too */
+
+/*
+ * Sets `bit` in the family word; true for the one call that set it. Full barrier: a
+ * canceller's PUBLISHED store is ordered before its pc_children_take, and pairs with the
+ * full barrier that pc_children_push ends with, so a link pushed concurrently is either
+ * taken by the canceller or sees PUBLISHED in the pusher's following pc_family load.
+ */
+bool pc_family_set(pc_promise *_Nonnull promise, uintptr_t bit);
+
+/* The family word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
+uintptr_t pc_family(const pc_promise *_Nonnull promise);
 
 /*
  * For the owner's deinit only: the observers still registered on a promise that never

@@ -1,0 +1,252 @@
+import CPromiseCore
+import Dispatch
+import Foundation
+import XCTest
+@testable import Promise
+
+private struct Reason: Error, Equatable { let tag: Int }
+
+/// A thread-safe counter for handlers (tests may lock; the library may not).
+private final class TreeCounter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var count = 0
+    func bump() { lock.lock(); count += 1; lock.unlock() }
+    var value: Int { lock.lock(); defer { lock.unlock() }; return count }
+}
+
+final class CancellationTreeTests: XCTestCase {
+    /// A serial queue held suspended, so handlers dispatched to it stay queued.
+    private func heldQueue() -> DispatchQueue {
+        let queue = DispatchQueue(label: "held")
+        queue.suspend()
+        return queue
+    }
+
+    func testCancelAfterFulfilReachesChildWhoseHandlerIsStillQueued() {
+        let queue = heldQueue()
+        let ran = TreeCounter()
+        let parent = Promise(value: 1)
+        let child = parent.then(on: queue) { _ in ran.bump() }
+        parent.cancel(reason: Reason(tag: 1))
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(parent.isFulfilled, "a settled promise stays as it was")
+        queue.resume()
+        queue.sync {}
+        XCTAssertEqual(ran.value, 0, "the success handler must not run after its child was cancelled")
+        XCTAssertThrowsError(try child.wait()) { XCTAssertEqual($0 as? Reason, Reason(tag: 1)) }
+    }
+
+    func testCancelAfterFulfilReachesChildFollowingTheReturnedPromise() {
+        let parent = Promise(value: 1)
+        let inner = Promise<Int>()
+        let child = parent.then(on: .immediate) { _ in inner }
+        XCTAssertTrue(child.isPending)
+        parent.cancel(reason: Reason(tag: 2))
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(inner.isCancelled, "the returned promise is work the child owns")
+        XCTAssertTrue(parent.isFulfilled)
+    }
+
+    func testCancelReachesGrandchildThroughASettledChild() {
+        let queue = heldQueue()
+        let parent = Promise(value: 1)
+        let child = parent.then(on: .immediate) { $0 + 1 }
+        XCTAssertTrue(child.isFulfilled)
+        let grandchild = child.then(on: queue) { $0 + 1 }
+        parent.cancel()
+        XCTAssertTrue(grandchild.isCancelled)
+        XCTAssertTrue(child.isFulfilled)
+        queue.resume()
+        queue.sync {}
+        XCTAssertTrue(grandchild.isCancelled)
+    }
+
+    func testCancelLeavesSettledDescendantsAlone() throws {
+        let parent = Promise(value: 1)
+        let child = parent.then(on: .immediate) { $0 * 10 }
+        parent.cancel()
+        XCTAssertEqual(try child.wait(), 10)
+    }
+
+    func testCancellationNeverFlowsUpOrSideways() {
+        let parent = Promise<Int>()
+        let cancelled = parent.then { $0 }
+        let sibling = parent.then { $0 }
+        let nephew = sibling.then { $0 }
+        cancelled.cancel()
+        XCTAssertTrue(cancelled.isCancelled)
+        XCTAssertTrue(parent.isPending)
+        XCTAssertTrue(sibling.isPending)
+        XCTAssertTrue(nephew.isPending)
+        parent.fulfill(3)
+        XCTAssertEqual(try nephew.wait(timeout: .seconds(10)), 3)
+    }
+
+    func testCancellingAChildCancelsThePromiseItFollows() {
+        let parent = Promise(value: 1)
+        let inner = Promise<Int>()
+        let child = parent.then(on: .immediate) { _ in inner }
+        child.cancel()
+        XCTAssertTrue(inner.isCancelled)
+        XCTAssertTrue(parent.isFulfilled)
+    }
+
+    func testResolveWithFollowerCancelDoesNotCancelTheFollowedPromise() {
+        let source = Promise<Int>()
+        let follower = Promise<Int>()
+        follower.resolve(with: source)
+        follower.cancel()
+        XCTAssertTrue(follower.isCancelled)
+        XCTAssertTrue(source.isPending, "resolve(with:) follows; it does not own the source")
+    }
+
+    func testRootCancelCancelsTheWholePendingTree() {
+        let root = Promise<Int>()
+        let left = root.then { $0 }
+        let right = root.then { $0 }
+        let leftLeaf = left.then { $0 }.then { $0 }
+        let rightLeaf = right.recover { _ in 0 }
+        let expectation = expectation(description: "leaves settle")
+        expectation.expectedFulfillmentCount = 2
+        leftLeaf.whenComplete { _ in expectation.fulfill() }
+        rightLeaf.whenComplete { _ in expectation.fulfill() }
+        XCTAssertTrue(leftLeaf.root === root)
+        leftLeaf.root.cancel(reason: Reason(tag: 7))
+        wait(for: [expectation], timeout: 10)
+        for promise in [root, left, right, leftLeaf, rightLeaf] as [AnyPromise] {
+            XCTAssertTrue(promise.isCancelled)
+        }
+        XCTAssertThrowsError(try rightLeaf.wait()) {
+            XCTAssertEqual($0 as? Reason, Reason(tag: 7), "recovery cannot turn a cancellation into success")
+        }
+    }
+
+    func testOnCancelRunsOnceWhenCancelledAndAtOnceIfAlreadyCancelled() {
+        let promise = Promise<Int>()
+        let count = TreeCounter()
+        promise.onCancel { count.bump() }
+        promise.cancel()
+        promise.cancel()
+        XCTAssertEqual(count.value, 1)
+        promise.onCancel { count.bump() }
+        XCTAssertEqual(count.value, 2, "registered on a cancelled promise: runs at once")
+        let fulfilled = Promise(value: 1)
+        fulfilled.onCancel { count.bump() }
+        fulfilled.cancel()
+        XCTAssertEqual(count.value, 2, "never runs for a promise that settled otherwise")
+    }
+
+    func testCancelAfterFulfilRunsOnCancelOfTheFollowedWork() {
+        let parent = Promise(value: 1)
+        let stopped = TreeCounter()
+        // The resolver side holds the work it will settle (as a network callback would).
+        let work = Promise<Int>()
+        work.onCancel { stopped.bump() }
+        let child = parent.then(on: .immediate) { _ in work }
+        parent.cancel()
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(work.isCancelled)
+        XCTAssertEqual(stopped.value, 1)
+    }
+
+    func testCancelledTreeIsFreed() {
+        weak var weakRoot: Promise<Int>?
+        weak var weakLeaf: Promise<Int>?
+        weak var weakInner: Promise<Int>?
+        do {
+            let root = Promise(value: 1)
+            let inner = Promise<Int>()
+            let leaf = root.then(on: .immediate) { _ in inner }
+            weakRoot = root
+            weakLeaf = leaf
+            weakInner = inner
+            root.cancel()
+        }
+        XCTAssertNil(weakRoot)
+        XCTAssertNil(weakLeaf)
+        XCTAssertNil(weakInner)
+    }
+
+    func testRegistryOfALongLivedPromiseIsPruned() {
+        let shared = Promise(value: 1)
+        let queue = DispatchQueue(label: "prune")
+        for _ in 0..<5_000 {
+            _ = shared.then(on: queue) { $0 }
+        }
+        queue.sync {}  // every handler ran; their children are gone
+        // Each dispatched child linked itself; dead links are pruned as the registry grows.
+        let links = pc_family(shared.corePointer) / 8
+        XCTAssertLessThan(links, 4_200, "dead links must be pruned")
+        var live = 0
+        shared.forEachLinkedChild(reapplyingCancel: false) { _ in live += 1 }
+        XCTAssertEqual(live, 0, "no child is alive, so no link should survive a walk")
+    }
+
+    func testCancelOfADeepSettledChainReachesTheQueuedLeafWithoutRecursion() {
+        let queue = heldQueue()
+        let root = Promise(value: 0)
+        var last = root
+        for _ in 0..<100_000 { last = last.then(on: .immediate) { $0 + 1 } }
+        let leaf = last.then(on: queue) { $0 }
+        root.cancel()
+        XCTAssertTrue(leaf.isCancelled)
+        XCTAssertEqual(try last.wait(), 100_000)
+        queue.resume()
+    }
+
+    // MARK: Races (bounded)
+
+    func testCancelRacingFulfilAndRejectExactlyOneOutcomeEveryHandlerSeesItOnce() {
+        for round in 0..<500 {
+            let promise = Promise<Int>()
+            let seen = ResultLog()
+            for _ in 0..<4 { promise.whenComplete(on: .immediate) { seen.record($0) } }
+            DispatchQueue.concurrentPerform(iterations: 3) { index in
+                switch index {
+                case 0: promise.fulfill(round)
+                case 1: promise.reject(Reason(tag: round))
+                default: promise.cancel(reason: Reason(tag: -round))
+                }
+            }
+            let outcomes = seen.all
+            XCTAssertEqual(outcomes.count, 4)
+            XCTAssertEqual(Set(outcomes).count, 1, "every handler must see the one winning outcome")
+            switch promise.state {
+            case .fulfilled: XCTAssertEqual(outcomes.first, "v\(round)")
+            case .rejected: XCTAssertEqual(outcomes.first, "e\(round)")
+            case .cancelled: XCTAssertEqual(outcomes.first, "e\(-round)")
+            case .pending: XCTFail("settled by three racers")
+            }
+        }
+    }
+
+    func testCancelRacingRegistrationLosesNoHandler() {
+        for _ in 0..<300 {
+            let promise = Promise<Int>()
+            let ran = TreeCounter()
+            DispatchQueue.concurrentPerform(iterations: 4) { index in
+                if index == 0 {
+                    promise.cancel()
+                } else {
+                    for _ in 0..<25 { promise.whenComplete(on: .immediate) { _ in ran.bump() } }
+                }
+            }
+            XCTAssertEqual(ran.value, 75)
+        }
+    }
+}
+
+/// Records outcomes as strings, thread-safely.
+private final class ResultLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var entries: [String] = []
+    func record(_ result: Result<Int, any Error>) {
+        let text: String
+        switch result {
+        case .success(let value): text = "v\(value)"
+        case .failure(let error): text = "e\((error as? Reason)?.tag ?? Int.min)"
+        }
+        lock.lock(); entries.append(text); lock.unlock()
+    }
+    var all: [String] { lock.lock(); defer { lock.unlock() }; return entries }
+}
