@@ -15,6 +15,9 @@ SWIFT_FLAGS := -Xswiftc -warnings-as-errors -Xcc -Wall -Xcc -Wextra -Xcc -Werror
 
 all: build
 
+# Each area's extra targets (verification, stress, benchmarks...) live in mk/*.mk.
+include $(sort $(wildcard mk/*.mk))
+
 help:
 	@echo "make deps       install libatomic-ops-dev if atomic_ops.h is missing"
 	@echo "make build      build the library (warnings are errors)"
