@@ -267,3 +267,15 @@ uintptr_t pc_family(const pc_promise *promise) {
      * the reason stored before it visible. */
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
 }
+
+/* ---- combinators ------------------------------------------------------------------ */
+
+uintptr_t pc_count_down(uintptr_t *counter) {
+    /* full: release publishes this caller's slot writes before its decrement; acquire
+     * makes all earlier decrementers' slot writes visible to the caller reaching zero. */
+    uintptr_t before = (uintptr_t)AO_fetch_and_sub1_full(PC_WORD(counter));
+    if (before == 0) {
+        pc_die("pc_count_down", "counted below zero", before);
+    }
+    return before - 1;
+}

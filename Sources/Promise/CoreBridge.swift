@@ -129,11 +129,10 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
-/// Whether `node` is a promise's own node (rather than an `ObserverBox`'s).
-func isPromiseNode(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
-    let promiseFire: pc_fire_fn = promiseNodeFire
-    return unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self)
-        == unsafeBitCast(promiseFire, to: UnsafeRawPointer.self)
+/// Whether `node` fires through `fire`: tells the three kinds of node apart (a promise's
+/// own, an `ObserverBox`'s, an aggregator slot's) when a dying promise releases them.
+func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
+    unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
 }
 
 extension AnyPromise {
@@ -159,8 +158,10 @@ extension AnyPromise {
             var observer = pc_detach(promise.corePointer)
             while let node = observer {
                 observer = node.pointee.next
-                if isPromiseNode(node) {
+                if nodeFires(node, through: promiseNodeFire) {
                     release(AnyPromise.owner(ofNode: node))
+                } else if nodeFires(node, through: aggregatorSlotFire) {
+                    releaseAggregatorSlot(node)
                 } else {
                     Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
                 }

@@ -45,17 +45,17 @@ final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendabl
     }
 }
 
-/// `onCancel`: runs a closure if the promise ends cancelled.
+/// `onCancel`: runs a closure, with the reason, if the promise ends cancelled.
 final class CancelObserver: ObserverBox, @unchecked Sendable {
-    let body: @Sendable () -> Void
+    let body: @Sendable (any Error) -> Void
 
-    init(body: @escaping @Sendable () -> Void) {
+    init(body: @escaping @Sendable (any Error) -> Void) {
         self.body = body
         super.init(context: .immediate)
     }
 
     override func run(_ source: AnyPromise) {
-        if source.isCancelled { body() }
+        if source.isCancelled { body(source.failure ?? CancellationError()) }
     }
 }
 

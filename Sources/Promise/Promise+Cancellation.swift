@@ -82,6 +82,11 @@ extension AnyPromise {
     /// Threading: `body` runs on the thread that cancels (inline, through the core's
     /// trampoline), so keep it short and non-blocking.
     public final func onCancel(_ body: @escaping @Sendable () -> Void) {
+        CancelObserver { _ in body() }.register(on: self)
+    }
+
+    /// `onCancel` with the cancellation reason (for forwarding it to owned work).
+    final func onCancel(withReason body: @escaping @Sendable (any Error) -> Void) {
         CancelObserver(body: body).register(on: self)
     }
 }

@@ -24,10 +24,7 @@ extension Promise {
     /// let page = try fetch(url).wait(timeout: .seconds(1))
     /// ```
     public func wait(timeout: Duration) throws -> Value {
-        let (seconds, attoseconds) = timeout.components
-        let nanoseconds = max(0, seconds) * 1_000_000_000 + max(0, attoseconds) / 1_000_000_000
-        let deadline = DispatchTime.now() + .nanoseconds(Int(clamping: nanoseconds))
-        return try awaitResult(deadline: deadline).get()
+        try awaitResult(deadline: timeout.dispatchDeadline).get()
     }
 
     private func awaitResult(deadline: DispatchTime) throws -> Result<Value, any Error> {

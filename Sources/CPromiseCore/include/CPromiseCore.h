@@ -49,6 +49,7 @@
  *   pc_detach       only the owner's deinit          wait-free (one load)
  *   pc_children_*   any thread, any time             lock-free (push, take: CAS loops);
  *   pc_family_set                                    forget, pc_family: wait-free
+ *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which.
@@ -183,6 +184,14 @@ bool pc_family_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
 /* The family word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
 uintptr_t pc_family(const pc_promise *_Nonnull promise);
+
+/*
+ * Lowers a countdown word by one and returns the new value: the combinators' lock-free
+ * aggregation (the call that reaches zero finishes the aggregate). Full barrier: the
+ * release half publishes the caller's slot writes, the acquire half lets the caller that
+ * reaches zero see every earlier caller's. Aborts on underflow.
+ */
+uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
 
 /*
  * For the owner's deinit only: the observers still registered on a promise that never

@@ -1,0 +1,125 @@
+import CPromiseCore
+
+/// One slot per input of a combinator: the node registered on that input, and the input
+/// itself once it has settled (so its value can be read when the aggregate finishes,
+/// without the aggregate holding pending inputs: that would be a retain cycle).
+@usableFromInline
+struct AggregatorSlot {
+    var node = pc_node()                    // first: a node's address is its slot's
+    var owner: UnsafeMutableRawPointer?     // the Aggregator; each registration retains it
+    var index = 0
+    var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
+}
+
+/// A weak reference, so an aggregate can cancel its pending inputs without keeping them.
+struct WeakPromise {
+    weak var promise: AnyPromise?
+}
+
+/// The lock-free engine behind `all`, `allSettled`, `any`, `race` and `and`: one
+/// allocation of slots for any number of inputs, a countdown word decremented by each
+/// input that counts (the one reaching zero finishes), and the output's own claim CAS
+/// electing the first input that decides the outcome. No lock, and O(n) for n inputs.
+final class Aggregator: @unchecked Sendable {
+    /// The policy: called once per input, on the thread that settles it, with the
+    /// aggregator, the input's index and the settled input.
+    typealias InputSettled = @Sendable (Aggregator, Int, AnyPromise) -> Void
+
+    let count: Int
+    private let slots: UnsafeMutablePointer<AggregatorSlot>
+    private let remaining: UnsafeMutablePointer<UInt>
+    private let inputs: ContiguousArray<WeakPromise>
+    private let inputSettled: InputSettled
+
+    /// - Parameters:
+    ///   - countdown: how many `countDown()` calls finish the aggregate.
+    init(inputs: [AnyPromise], countdown: Int, inputSettled: @escaping InputSettled) {
+        precondition(MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.node) == 0)
+        count = inputs.count
+        slots = .allocate(capacity: count)
+        slots.initialize(repeating: AggregatorSlot(), count: count)
+        remaining = .allocate(capacity: 1)
+        remaining.initialize(to: UInt(countdown))
+        self.inputs = ContiguousArray(inputs.map { WeakPromise(promise: $0) })
+        self.inputSettled = inputSettled
+    }
+
+    deinit {
+        for index in 0..<count { slots[index].settled?.release() }
+        slots.deinitialize(count: count)
+        slots.deallocate()
+        remaining.deallocate()
+    }
+
+    /// Registers a slot on every input (each registration retains the aggregator).
+    func start() {
+        let owner = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        for index in 0..<count {
+            guard let input = inputs[index].promise else { continue }  // cannot happen: the caller holds them
+            let slot = slots + index
+            slot.pointee.owner = owner
+            slot.pointee.index = index
+            // `node` is the slot's first field: the fire callback maps it back to the slot.
+            let node = UnsafeMutableRawPointer(slot).assumingMemoryBound(to: pc_node.self)
+            node.pointee.fire = aggregatorSlotFire
+            _ = Unmanaged.passRetained(self)
+            pc_observe(input.corePointer, node)
+        }
+    }
+
+    /// True for the call that brings the countdown to zero (and so finishes).
+    func countDown() -> Bool {
+        pc_count_down(remaining) == 0
+    }
+
+    /// The input at `index`, once it has settled (read after `countDown()` returned true,
+    /// or from its own `inputSettled` call).
+    func settledInput(at index: Int) -> AnyPromise {
+        slots[index].settled.unsafelyUnwrapped.takeUnretainedValue()
+    }
+
+    func value<V: Sendable>(at index: Int, as type: V.Type) -> V {
+        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).fulfilledValue.unsafelyUnwrapped
+    }
+
+    func result<V: Sendable>(at index: Int, as type: V.Type) -> Result<V, any Error> {
+        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).settledResult.unsafelyUnwrapped
+    }
+
+    /// Cancels the inputs that are still pending (the aggregate was cancelled).
+    func cancelPendingInputs(reason: any Error) {
+        for input in inputs {
+            if let promise = input.promise, promise.isPending { promise.cancel(reason: reason) }
+        }
+    }
+
+    fileprivate func slotFired(_ slot: UnsafeMutablePointer<AggregatorSlot>, source: AnyPromise) {
+        slot.pointee.settled = Unmanaged.passRetained(source)
+        inputSettled(self, slot.pointee.index, source)
+    }
+}
+
+/// The fire callback of an aggregator slot: runs the policy on the settling thread.
+/// (Settling the output from here is stack-safe: the core's trampoline defers its
+/// immediate observers.)
+func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
+    guard let source else { preconditionFailure("aggregator slots are never deferred") }
+    owner.takeUnretainedValue().slotFired(slot, source: AnyPromise.owner(ofCore: source).takeUnretainedValue())
+    owner.release()  // the registration's retain
+}
+
+/// Drops the retain an aggregator slot's registration holds (its input died pending).
+func releaseAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>) {
+    let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped).release()
+}
+
+extension AnyPromise {
+    /// The error an aggregate reports for an input that did not fulfil: its rejection,
+    /// or its cancellation reason (an aggregate rejects; it does not cancel sideways).
+    final var failureForAggregate: any Error {
+        failure ?? CancellationError()
+    }
+}

@@ -1,0 +1,151 @@
+import CPromiseCore
+
+// Aggregates over several promises. Lock-free: each input registers one slot of a
+// single shared allocation, a countdown word decides who finishes, and the output's claim
+// CAS elects the first input that decides the outcome early (see `Aggregator`).
+//
+// Cancelling an aggregate cancels its inputs that are still pending, with the same
+// reason. An input that was cancelled counts as a failure with its cancellation reason:
+// the aggregate rejects (it does not cancel its other inputs: never sideways).
+
+extension Promise {
+    /// Fulfils with every input's value, in input order, once all fulfil; rejects with
+    /// the first error as soon as any input fails.
+    ///
+    /// ```swift
+    /// let pages = Promise.all([fetch(a), fetch(b), fetch(c)])   // Promise<[Page]>
+    /// ```
+    ///
+    /// `all([])` fulfils at once with `[]`.
+    ///
+    /// - Complexity: O(n) for n inputs, one allocation for all their observers.
+    public static func all(_ promises: [Promise<Value>]) -> Promise<[Value]> {
+        let output = Promise<[Value]>()
+        guard !promises.isEmpty else {
+            output.fulfill([])
+            return output
+        }
+        let count = promises.count
+        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, _, input in
+            guard let output else { return }
+            if input.isFulfilled {
+                guard aggregator.countDown() else { return }
+                output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
+            } else {
+                output.reject(input.failureForAggregate)
+            }
+        }
+    }
+
+    /// Fulfils, once every input has settled, with each one's outcome in input order.
+    /// Never rejects. A cancelled input reads as `.failure(reason)`.
+    ///
+    /// ```swift
+    /// let outcomes = Promise.allSettled([fetch(a), fetch(b)])
+    /// outcomes.then { $0.filter { (try? $0.get()) != nil }.count }
+    /// ```
+    ///
+    /// `allSettled([])` fulfils at once with `[]`.
+    public static func allSettled(_ promises: [Promise<Value>]) -> Promise<[Result<Value, any Error>]> {
+        let output = Promise<[Result<Value, any Error>]>()
+        guard !promises.isEmpty else {
+            output.fulfill([])
+            return output
+        }
+        let count = promises.count
+        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, _, _ in
+            guard let output, aggregator.countDown() else { return }
+            output.fulfill((0..<count).map { aggregator.result(at: $0, as: Value.self) })
+        }
+    }
+
+    /// Fulfils with the first input to fulfil; rejects with
+    /// `PromiseError.allRejected(errors)` (every error, in input order) if none does.
+    ///
+    /// ```swift
+    /// let fastest = Promise.any([mirrorA.fetch(path), mirrorB.fetch(path)])
+    /// ```
+    ///
+    /// `any([])` rejects at once with `PromiseError.allRejected([])`.
+    public static func any(_ promises: [Promise<Value>]) -> Promise<Value> {
+        let output = Promise<Value>()
+        guard !promises.isEmpty else {
+            output.reject(PromiseError.allRejected([]))
+            return output
+        }
+        let count = promises.count
+        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, index, input in
+            guard let output else { return }
+            if input.isFulfilled {
+                output.fulfill(aggregator.value(at: index, as: Value.self))
+            } else if aggregator.countDown() {
+                let errors = (0..<count).map { aggregator.settledInput(at: $0).failureForAggregate }
+                output.reject(PromiseError.allRejected(errors))
+            }
+        }
+    }
+
+    /// Settles like the first input to settle, either way (a cancelled first input
+    /// rejects it with the cancellation reason).
+    ///
+    /// ```swift
+    /// let answer = Promise.race([query(primary), query(replica)])
+    /// ```
+    ///
+    /// `race([])` stays pending, as in JavaScript.
+    public static func race(_ promises: [Promise<Value>]) -> Promise<Value> {
+        let output = Promise<Value>()
+        guard !promises.isEmpty else { return output }
+        return aggregate(promises, into: output, countdown: promises.count) { [weak output] aggregator, index, input in
+            guard let output else { return }
+            if input.isFulfilled {
+                output.fulfill(aggregator.value(at: index, as: Value.self))
+            } else {
+                output.reject(input.failureForAggregate)
+            }
+        }
+    }
+
+    /// Combines this promise with others of any types into one promise of a tuple:
+    /// fulfils once all fulfil, rejects with the first error.
+    ///
+    /// ```swift
+    /// let screen = user.and(settings, avatar)   // Promise<(User, Settings, Data)>
+    /// screen.then { user, settings, avatar in render(user, settings, avatar) }
+    /// ```
+    public func and<each Other: Sendable>(
+        _ others: repeat Promise<each Other>
+    ) -> Promise<(Value, repeat each Other)> {
+        var inputs: [AnyPromise] = [self]
+        for other in repeat each others { inputs.append(other) }
+        let output = Promise<(Value, repeat each Other)>()
+        return Self.aggregate(inputs, into: output, countdown: inputs.count) { [weak output] aggregator, _, input in
+            guard let output else { return }
+            guard input.isFulfilled else {
+                output.reject(input.failureForAggregate)
+                return
+            }
+            guard aggregator.countDown() else { return }
+            var index = 0
+            func next<T: Sendable>(_ type: T.Type) -> T {
+                index += 1
+                return aggregator.value(at: index, as: type)
+            }
+            output.fulfill((aggregator.value(at: 0, as: Value.self), repeat next((each Other).self)))
+        }
+    }
+
+    /// Wires `inputs` to `output` through an `Aggregator`, forwarding the output's
+    /// cancellation to the inputs still pending.
+    static func aggregate<Output: Sendable>(
+        _ inputs: [AnyPromise],
+        into output: Promise<Output>,
+        countdown: Int,
+        _ inputSettled: @escaping Aggregator.InputSettled
+    ) -> Promise<Output> {
+        let aggregator = Aggregator(inputs: inputs, countdown: countdown, inputSettled: inputSettled)
+        output.onCancel(withReason: { reason in aggregator.cancelPendingInputs(reason: reason) })
+        aggregator.start()
+        return output
+    }
+}

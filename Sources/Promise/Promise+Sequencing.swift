@@ -1,0 +1,111 @@
+// Combinators that run user work one step at a time: `sequence` and `retry`.
+
+/// The values `sequence` has collected. Touched by one step at a time: each step starts
+/// only after the previous one's promise settled, which orders the accesses.
+private final class Collected<Value: Sendable>: @unchecked Sendable {
+    var values: [Value] = []
+}
+
+extension Promise {
+    /// Runs `work` on each input in turn, starting the next step when the previous
+    /// promise fulfilled; fulfils with all values in order, or rejects with the first
+    /// error (no later step starts).
+    ///
+    /// ```swift
+    /// let uploaded = Promise.sequence(files) { file in upload(file) }   // Promise<[Receipt]>
+    /// ```
+    ///
+    /// Cancelling the result cancels the step in flight and starts no other.
+    ///
+    /// Threading: `work` runs on `context`, once per input, never two at a time.
+    public static func sequence<Inputs: Sequence>(
+        on context: any ExecutionContext = .default,
+        _ inputs: Inputs,
+        _ work: @escaping @Sendable (Inputs.Element) throws -> Promise<Value>
+    ) -> Promise<[Value]> where Inputs.Element: Sendable {
+        let items = Array(inputs)
+        let output = Promise<[Value]>()
+        let collected = Collected<Value>()
+        collected.values.reserveCapacity(items.count)
+
+        @Sendable func step(_ index: Int) {
+            guard index < items.count else {
+                output.fulfill(collected.values)
+                return
+            }
+            context.execute {
+                guard output.isPending else { return }  // cancelled: start nothing more
+                let current: Promise<Value>
+                do {
+                    current = try work(items[index])
+                } catch {
+                    output.reject(error)
+                    return
+                }
+                output.onCancel(withReason: { current.cancel(reason: $0) })
+                current.whenComplete(on: .immediate) { result in
+                    switch result {
+                    case .success(let value):
+                        collected.values.append(value)
+                        step(index + 1)
+                    case .failure(let error):
+                        output.reject(error)
+                    }
+                }
+            }
+        }
+        step(0)
+        return output
+    }
+
+    /// Calls `body` until the promise it returns fulfils, at most `attempts` times in
+    /// all, waiting `delay` between attempts; rejects with the last error.
+    ///
+    /// ```swift
+    /// let config = Promise.retry(attempts: 3, delay: .milliseconds(10)) { fetchConfig() }
+    /// ```
+    ///
+    /// Cancelling the result cancels the attempt in flight and starts no other. A
+    /// cancelled attempt is not retried.
+    ///
+    /// - Precondition: `attempts >= 1`.
+    /// Threading: `body` runs on `context`.
+    public static func retry(
+        attempts: Int,
+        delay: Duration = .zero,
+        on context: any ExecutionContext = .default,
+        _ body: @escaping @Sendable () throws -> Promise<Value>
+    ) -> Promise<Value> {
+        precondition(attempts >= 1, "Promise.retry needs at least one attempt (got \(attempts))")
+        let output = Promise<Value>()
+
+        @Sendable func attempt(_ number: Int) {
+            context.execute {
+                guard output.isPending else { return }  // cancelled: no more attempts
+                let current: Promise<Value>
+                do {
+                    current = try body()
+                } catch {
+                    current = Promise(error: error)
+                }
+                output.onCancel(withReason: { current.cancel(reason: $0) })
+                current.whenComplete(on: .immediate) { result in
+                    switch result {
+                    case .success(let value):
+                        output.fulfill(value)
+                    case .failure(let error):
+                        if number >= attempts || current.isCancelled {
+                            output.reject(error)
+                        } else if delay <= .zero {
+                            attempt(number + 1)
+                        } else {
+                            Promise<Void>.after(delay).whenComplete(on: .immediate) { _ in attempt(number + 1) }
+                        }
+                    }
+                }
+            }
+        }
+        attempt(1)
+        return output
+    }
+}

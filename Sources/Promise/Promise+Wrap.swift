@@ -1,0 +1,68 @@
+// Bridging completion-handler APIs.
+
+/// The error `Promise.wrap` reports when a `(value?, error?)` callback gets neither.
+public enum PromiseWrapError: Error, Sendable {
+    /// The completion handler was called with `nil` for both the value and the error.
+    case neitherValueNorError
+}
+
+extension Promise {
+    /// Wraps an API that reports a `Result` to a completion handler.
+    ///
+    /// ```swift
+    /// let data = Promise.wrap { done in loader.load(url, completion: done) }
+    /// ```
+    ///
+    /// `body` runs synchronously, once; a throw rejects. Later calls of the completion
+    /// handler are ignored (a promise settles once).
+    public static func wrap(
+        _ body: (_ completion: @escaping @Sendable (Result<Value, any Error>) -> Void) throws -> Void
+    ) -> Promise<Value> {
+        let promise = Promise<Value>()
+        do {
+            try body { promise.resolve($0) }
+        } catch {
+            promise.reject(error)
+        }
+        return promise
+    }
+
+    /// Wraps an API whose completion handler gets an optional value and an optional
+    /// error (the Objective-C shape). An error wins; neither rejects with
+    /// `PromiseWrapError.neitherValueNorError`.
+    ///
+    /// ```swift
+    /// let image = Promise.wrap { done in legacyFetchImage(named: "logo", completion: done) }
+    /// ```
+    public static func wrap(
+        _ body: (_ completion: @escaping @Sendable (Value?, (any Error)?) -> Void) throws -> Void
+    ) -> Promise<Value> {
+        wrap { (done: @escaping @Sendable (Result<Value, any Error>) -> Void) in
+            try body { value, error in
+                if let error {
+                    done(.failure(error))
+                } else if let value {
+                    done(.success(value))
+                } else {
+                    done(.failure(PromiseWrapError.neitherValueNorError))
+                }
+            }
+        }
+    }
+
+    /// Wraps an API whose completion handler only ever gets a value.
+    ///
+    /// ```swift
+    /// let granted = Promise.wrap { done in requestPermission(completion: done) }
+    /// ```
+    ///
+    /// Disfavoured, so a `Result`-shaped completion picks the `Result` overload.
+    @_disfavoredOverload
+    public static func wrap(
+        _ body: (_ completion: @escaping @Sendable (Value) -> Void) throws -> Void
+    ) -> Promise<Value> {
+        wrap { (done: @escaping @Sendable (Result<Value, any Error>) -> Void) in
+            try body { done(.success($0)) }
+        }
+    }
+}

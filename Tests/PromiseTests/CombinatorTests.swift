@@ -1,0 +1,344 @@
+import Dispatch
+import Foundation
+import XCTest
+import Promise
+
+private struct Failure: Error, Equatable { let code: Int }
+
+/// Thread-safe log for tests.
+private final class Log<T: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var items: [T] = []
+    func append(_ item: T) { lock.lock(); items.append(item); lock.unlock() }
+    var all: [T] { lock.lock(); defer { lock.unlock() }; return items }
+}
+
+private func elapsed(since start: DispatchTime) -> Duration {
+    .nanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - start.uptimeNanoseconds))
+}
+
+final class CombinatorTests: XCTestCase {
+    // MARK: all
+
+    func testAllFulfilsInInputOrderWhateverTheSettleOrder() throws {
+        let inputs = (0..<5).map { _ in Promise<Int>() }
+        let all = Promise.all(inputs)
+        for index in [3, 1, 4, 0, 2] { inputs[index].fulfill(index * 10) }
+        XCTAssertEqual(try all.wait(timeout: .seconds(10)), [0, 10, 20, 30, 40])
+    }
+
+    func testAllRejectsWithTheFirstError() {
+        let inputs = (0..<3).map { _ in Promise<Int>() }
+        let all = Promise.all(inputs)
+        inputs[1].reject(Failure(code: 1))
+        inputs[2].reject(Failure(code: 2))
+        inputs[0].fulfill(0)
+        XCTAssertThrowsError(try all.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 1)) }
+    }
+
+    func testAllOfNothingFulfilsAtOnceWithEmptyArray() {
+        let all = Promise<Int>.all([])
+        XCTAssertTrue(all.isFulfilled)
+        XCTAssertEqual(try all.wait(), [])
+    }
+
+    func testCancellingAllCancelsItsPendingInputsOnly() {
+        let settled = Promise(value: 1)
+        let pending = Promise<Int>()
+        let all = Promise.all([settled, pending])
+        all.cancel(reason: Failure(code: 9))
+        XCTAssertTrue(all.isCancelled)
+        XCTAssertTrue(pending.isCancelled)
+        XCTAssertThrowsError(try pending.wait()) { XCTAssertEqual($0 as? Failure, Failure(code: 9)) }
+        XCTAssertTrue(settled.isFulfilled)
+    }
+
+    func testAllWithACancelledInputRejectsWithoutCancellingTheOthers() {
+        let cancelled = Promise<Int>()
+        let other = Promise<Int>()
+        let all = Promise.all([cancelled, other])
+        cancelled.cancel()
+        XCTAssertThrowsError(try all.wait(timeout: .seconds(10))) { XCTAssertTrue($0 is CancellationError) }
+        XCTAssertTrue(all.isRejected)
+        XCTAssertTrue(other.isPending, "never sideways")
+    }
+
+    func testAllWithInputsSettledConcurrentlyFromManyThreads() throws {
+        for _ in 0..<50 {
+            let inputs = (0..<64).map { _ in Promise<Int>() }
+            let all = Promise.all(inputs)
+            DispatchQueue.concurrentPerform(iterations: inputs.count) { inputs[$0].fulfill($0) }
+            XCTAssertEqual(try all.wait(timeout: .seconds(10)), Array(0..<64))
+        }
+    }
+
+    func testAllOverAHundredThousandInputs() throws {
+        let inputs = (0..<100_000).map { Promise(value: $0) }
+        let all = Promise.all(inputs)
+        XCTAssertEqual(try all.wait(timeout: .seconds(30)).count, 100_000)
+        let pending = (0..<100_000).map { _ in Promise<Int>() }
+        let later = Promise.all(pending)
+        for (index, promise) in pending.enumerated() { promise.fulfill(index) }
+        XCTAssertEqual(try later.wait(timeout: .seconds(30)).last, 99_999)
+    }
+
+    // MARK: and
+
+    func testAndCombinesDifferentTypesIntoATuple() throws {
+        let number = Promise<Int>()
+        let text = Promise<String>()
+        let flag = Promise<Bool>()
+        let combined = number.and(text, flag)
+        flag.fulfill(true)
+        text.fulfill("two")
+        number.fulfill(1)
+        let (one, two, three) = try combined.wait(timeout: .seconds(10))
+        XCTAssertEqual(one, 1)
+        XCTAssertEqual(two, "two")
+        XCTAssertEqual(three, true)
+    }
+
+    func testAndRejectsWithTheFirstError() {
+        let number = Promise<Int>()
+        let text = Promise<String>()
+        let combined = number.and(text)
+        text.reject(Failure(code: 3))
+        XCTAssertThrowsError(try combined.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 3)) }
+    }
+
+    // MARK: allSettled
+
+    func testAllSettledReportsEveryOutcomeInOrderAndNeverRejects() throws {
+        let inputs = (0..<3).map { _ in Promise<Int>() }
+        let settled = Promise.allSettled(inputs)
+        inputs[2].cancel()
+        inputs[0].fulfill(0)
+        inputs[1].reject(Failure(code: 1))
+        let results = try settled.wait(timeout: .seconds(10))
+        XCTAssertEqual(results.count, 3)
+        XCTAssertEqual(try results[0].get(), 0)
+        XCTAssertThrowsError(try results[1].get()) { XCTAssertEqual($0 as? Failure, Failure(code: 1)) }
+        XCTAssertThrowsError(try results[2].get()) { XCTAssertTrue($0 is CancellationError) }
+    }
+
+    func testAllSettledOfNothingFulfilsAtOnce() {
+        XCTAssertEqual(try Promise<Int>.allSettled([]).wait().count, 0)
+    }
+
+    // MARK: any
+
+    func testAnyFulfilsWithTheFirstFulfilment() throws {
+        let inputs = (0..<3).map { _ in Promise<Int>() }
+        let any = Promise.any(inputs)
+        inputs[0].reject(Failure(code: 0))
+        inputs[2].fulfill(2)
+        inputs[1].fulfill(1)
+        XCTAssertEqual(try any.wait(timeout: .seconds(10)), 2)
+    }
+
+    func testAnyRejectsWithEveryErrorInInputOrderWhenAllReject() {
+        let inputs = (0..<3).map { _ in Promise<Int>() }
+        let any = Promise.any(inputs)
+        inputs[2].reject(Failure(code: 2))
+        inputs[0].reject(Failure(code: 0))
+        inputs[1].reject(Failure(code: 1))
+        XCTAssertThrowsError(try any.wait(timeout: .seconds(10))) { error in
+            guard case PromiseError.allRejected(let errors) = error else { return XCTFail("got \(error)") }
+            XCTAssertEqual(errors.map { ($0 as? Failure)?.code }, [0, 1, 2])
+        }
+    }
+
+    func testAnyOfNothingRejectsAtOnce() {
+        let any = Promise<Int>.any([])
+        XCTAssertTrue(any.isRejected)
+        XCTAssertThrowsError(try any.wait()) { error in
+            guard case PromiseError.allRejected(let errors) = error else { return XCTFail("got \(error)") }
+            XCTAssertTrue(errors.isEmpty)
+        }
+    }
+
+    func testAnyWithInputsSettledConcurrently() throws {
+        for _ in 0..<50 {
+            let inputs = (0..<32).map { _ in Promise<Int>() }
+            let any = Promise.any(inputs)
+            DispatchQueue.concurrentPerform(iterations: inputs.count) { index in
+                if index % 2 == 0 { inputs[index].reject(Failure(code: index)) } else { inputs[index].fulfill(index) }
+            }
+            let winner = try any.wait(timeout: .seconds(10))
+            XCTAssertEqual(winner % 2, 1, "only a fulfilment can win")
+        }
+    }
+
+    // MARK: race
+
+    func testRaceSettlesLikeTheFirstToSettleEitherWay() throws {
+        let slow = Promise<Int>()
+        let fast = Promise<Int>()
+        let race = Promise.race([slow, fast])
+        fast.reject(Failure(code: 5))
+        slow.fulfill(1)
+        XCTAssertThrowsError(try race.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 5)) }
+        let second = Promise.race([Promise<Int>(), Promise(value: 7)])
+        XCTAssertEqual(try second.wait(timeout: .seconds(10)), 7)
+    }
+
+    func testRaceOfNothingStaysPending() {
+        XCTAssertTrue(Promise<Int>.race([]).isPending)
+    }
+
+    func testRaceWithInputsSettledConcurrentlyHasExactlyOneWinner() throws {
+        for _ in 0..<50 {
+            let inputs = (0..<16).map { _ in Promise<Int>() }
+            let race = Promise.race(inputs)
+            DispatchQueue.concurrentPerform(iterations: inputs.count) { inputs[$0].fulfill($0) }
+            let winner = try race.wait(timeout: .seconds(10))
+            XCTAssertTrue((0..<16).contains(winner))
+        }
+    }
+
+    func testCancellingARaceCancelsItsPendingInputs() {
+        let inputs = (0..<3).map { _ in Promise<Int>() }
+        let race = Promise.race(inputs)
+        race.cancel()
+        XCTAssertTrue(inputs.allSatisfy { $0.isCancelled })
+    }
+
+    // MARK: sequence
+
+    func testSequenceRunsOneStepAfterAnotherInOrder() throws {
+        let log = Log<String>()
+        let result = Promise.sequence([1, 2, 3]) { value -> Promise<Int> in
+            log.append("start \(value)")
+            return Promise<Int>(on: .default) {
+                log.append("end \(value)")
+                return value * 2
+            }
+        }
+        XCTAssertEqual(try result.wait(timeout: .seconds(10)), [2, 4, 6])
+        XCTAssertEqual(log.all, ["start 1", "end 1", "start 2", "end 2", "start 3", "end 3"])
+    }
+
+    func testSequenceStopsAtTheFirstRejection() {
+        let log = Log<Int>()
+        let result = Promise.sequence([1, 2, 3]) { value -> Promise<Int> in
+            log.append(value)
+            return value == 2 ? Promise(error: Failure(code: 2)) : Promise(value: value)
+        }
+        XCTAssertThrowsError(try result.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 2)) }
+        XCTAssertEqual(log.all, [1, 2], "no step after the rejection")
+    }
+
+    func testSequenceOfNothingFulfilsWithEmptyArray() throws {
+        XCTAssertEqual(try Promise<Int>.sequence([Int]()) { Promise(value: $0) }.wait(timeout: .seconds(10)), [])
+    }
+
+    func testCancellingASequenceCancelsTheStepInFlightAndStartsNoOther() throws {
+        let log = Log<Int>()
+        let firstStep = Promise<Int>()
+        let started = Promise<Void>()
+        let result = Promise.sequence([1, 2]) { value -> Promise<Int> in
+            log.append(value)
+            started.fulfill(())
+            return firstStep
+        }
+        try started.wait(timeout: .seconds(10))
+        result.cancel()
+        XCTAssertTrue(firstStep.isCancelled)
+        XCTAssertEqual(log.all, [1])
+    }
+
+    // MARK: retry
+
+    func testRetryCallsAtMostAttemptsTimesAndRejectsWithTheLastError() {
+        let log = Log<Int>()
+        let result = Promise<Int>.retry(attempts: 3, delay: .milliseconds(1)) {
+            log.append(0)
+            return Promise(error: Failure(code: log.all.count))
+        }
+        XCTAssertThrowsError(try result.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 3)) }
+        XCTAssertEqual(log.all.count, 3)
+    }
+
+    func testRetryStopsAtTheFirstSuccess() throws {
+        let log = Log<Int>()
+        let result = Promise<String>.retry(attempts: 5) {
+            log.append(0)
+            return log.all.count < 2 ? Promise(error: Failure(code: 0)) : Promise(value: "ok")
+        }
+        XCTAssertEqual(try result.wait(timeout: .seconds(10)), "ok")
+        XCTAssertEqual(log.all.count, 2)
+    }
+
+    func testRetryWaitsTheDelayBetweenAttempts() throws {
+        let start = DispatchTime.now()
+        let result = Promise<Int>.retry(attempts: 3, delay: .milliseconds(20)) { Promise(error: Failure(code: 0)) }
+        XCTAssertThrowsError(try result.wait(timeout: .seconds(10)))
+        XCTAssertGreaterThanOrEqual(elapsed(since: start), .milliseconds(40))
+    }
+
+    // MARK: timers
+
+    func testAfterFulfilsNoSoonerThanTheInterval() throws {
+        let start = DispatchTime.now()
+        try Promise.after(.milliseconds(30)).wait(timeout: .seconds(10))
+        XCTAssertGreaterThanOrEqual(elapsed(since: start), .milliseconds(30))
+    }
+
+    func testCancelledAfterNeverFulfils() throws {
+        let timer = Promise.after(.milliseconds(20))
+        timer.cancel()
+        try Promise.after(.milliseconds(60)).wait(timeout: .seconds(10))
+        XCTAssertTrue(timer.isCancelled)
+    }
+
+    func testDelayPostponesTheValueButNotARejection() throws {
+        let start = DispatchTime.now()
+        XCTAssertEqual(try Promise(value: 4).delay(.milliseconds(30)).wait(timeout: .seconds(10)), 4)
+        XCTAssertGreaterThanOrEqual(elapsed(since: start), .milliseconds(30))
+        let rejected = Promise<Int>(error: Failure(code: 1)).delay(.seconds(60))
+        XCTAssertThrowsError(try rejected.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 1)) }
+    }
+
+    func testTimeoutRejectsTheChildAndLeavesTheSourceUntouched() {
+        let source = Promise<Int>()
+        let limited = source.timeout(.milliseconds(20))
+        XCTAssertThrowsError(try limited.wait(timeout: .seconds(10))) {
+            guard case PromiseError.timedOut = $0 else { return XCTFail("got \($0)") }
+        }
+        XCTAssertTrue(source.isPending)
+        XCTAssertTrue(limited.parent === source)
+    }
+
+    func testTimeoutPassesAnEarlyOutcomeThrough() throws {
+        let source = Promise<Int>()
+        let limited = source.timeout(.seconds(60))
+        source.fulfill(8)
+        XCTAssertEqual(try limited.wait(timeout: .seconds(10)), 8)
+    }
+
+    // MARK: wrap
+
+    func testWrapResultShape() throws {
+        func legacy(completion: @escaping (Result<Int, any Error>) -> Void) { completion(.success(3)) }
+        let wrapped = Promise.wrap { done in legacy(completion: done) }
+        XCTAssertEqual(try wrapped.wait(), 3)
+    }
+
+    func testWrapOptionalPairShape() throws {
+        func legacy(completion: @escaping (String?, (any Error)?) -> Void) { completion("x", nil) }
+        func broken(completion: @escaping (String?, (any Error)?) -> Void) { completion(nil, nil) }
+        func failing(completion: @escaping (String?, (any Error)?) -> Void) { completion("ignored", Failure(code: 4)) }
+        XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), "x")
+        XCTAssertThrowsError(try Promise.wrap { done in broken(completion: done) }.wait()) {
+            guard case PromiseWrapError.neitherValueNorError = $0 else { return XCTFail("got \($0)") }
+        }
+        XCTAssertThrowsError(try Promise.wrap { done in failing(completion: done) }.wait()) {
+            XCTAssertEqual($0 as? Failure, Failure(code: 4))
+        }
+    }
+
+    func testWrapValueShapeIgnoresLaterCalls() throws {
+        func legacy(completion: @escaping (Int) -> Void) { completion(1); completion(2) }
+        XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), 1)
+    }
+}
