@@ -10,9 +10,14 @@ let package = Package(
         .library(name: "Promise", targets: ["Promise"]),
     ],
     targets: [
+        .systemLibrary(
+            name: "CAtomicOps",
+            pkgConfig: "atomic_ops",
+            providers: [.apt(["libatomic-ops-dev"]), .brew(["libatomic_ops"])]
+        ),
         .target(
             name: "CPromiseCore",
-            linkerSettings: [.linkedLibrary("atomic_ops")]
+            dependencies: ["CAtomicOps"]
         ),
         .target(
             name: "Promise",
@@ -20,6 +25,12 @@ let package = Package(
         ),
         .testTarget(
             name: "PromiseTests",
+            dependencies: ["Promise", "CPromiseCore"]
+        ),
+        // Hammering: concurrent registration, settling and cancellation; bounded by
+        // PROMISE_STRESS_ITERATIONS / PROMISE_STRESS_SECONDS (see README).
+        .testTarget(
+            name: "PromiseStressTests",
             dependencies: ["Promise", "CPromiseCore"]
         ),
     ],

@@ -163,7 +163,11 @@ extension AnyPromise {
                 } else if nodeFires(node, through: aggregatorSlotFire) {
                     releaseAggregatorSlot(node)
                 } else {
-                    Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
+                    var box = Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
+                        .takeRetainedValue()
+                    if isKnownUniquelyReferenced(&box), let owned = box.detachOwnedPromise() {
+                        release(owned)  // the box dies below with nothing left to release
+                    }
                 }
             }
             if let parent = promise.settledParentRetain {

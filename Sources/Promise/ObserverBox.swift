@@ -26,6 +26,12 @@ class ObserverBox: @unchecked Sendable {
     func run(_ source: AnyPromise) {
         preconditionFailure("ObserverBox is abstract")
     }
+
+    /// Hands over the promise this box keeps alive, if any, so that a dying chain of
+    /// boxes and promises is released by a loop instead of nested deinits.
+    func detachOwnedPromise() -> Unmanaged<AnyPromise>? {
+        nil
+    }
 }
 
 /// `whenComplete`: hands the outcome to a closure.
@@ -61,14 +67,25 @@ final class CancelObserver: ObserverBox, @unchecked Sendable {
 
 /// `resolve(with:)`: settles `target` (claimed as following) as the source settled.
 final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
-    let target: Promise<Value>
+    /// The follower, retained by hand so `detachOwnedPromise` can pass it on.
+    private var targetRetain: Unmanaged<Promise<Value>>?
 
     init(target: Promise<Value>) {
-        self.target = target
+        self.targetRetain = Unmanaged.passRetained(target)
         super.init(context: .immediate)
     }
 
+    deinit {
+        targetRetain?.release()
+    }
+
+    override func detachOwnedPromise() -> Unmanaged<AnyPromise>? {
+        defer { targetRetain = nil }
+        return targetRetain.map { Unmanaged<AnyPromise>.fromOpaque($0.toOpaque()) }
+    }
+
     override func run(_ source: AnyPromise) {
+        guard let target = targetRetain?.takeUnretainedValue() else { return }
         let tag = source.publishedTag
         guard target.claim(from: PC_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
         target.copyOutcome(from: source, tag: tag)

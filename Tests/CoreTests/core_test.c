@@ -25,7 +25,6 @@
 #include "CPromiseCore.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -135,12 +134,15 @@ typedef struct observer {
 } observer;
 
 /* Plain writes on purpose: two settle fires of one node from two threads are a data race
- * TSan reports, on top of `fired` ending at 2. */
+ * TSan reports, on top of `fired` ending at 2.
+ * The payload is read first: being fired must be enough to see it. Any atomic before it
+ * (pc_state's acquire, the fire clock's read-modify-write) would synchronise with the
+ * settler by itself and hide a missing acquire in the core from TSan. */
 static void observer_record(observer *o, pc_promise *source) {
+    o->payload = promise_of(source)->payload;
     o->fire_seq = atomic_fetch_add(&fire_clock, 1);
     o->source = source;
     o->outcome = pc_state(source);
-    o->payload = promise_of(source)->payload;
     o->fired_by = thread_tag;
     atomic_fetch_add(&o->fired, 1);
 }
@@ -372,6 +374,9 @@ static void test_detach(verdict *v) {
     }
     CHECK(v, found == COUNT && node == NULL, "pc_detach returned %u nodes%s, want %u", found,
           node == NULL ? "" : " and more", COUNT);
+    /* It empties the list: a second detach (the owner's own deinit after its links were
+     * taken) must not hand the same nodes out twice. */
+    CHECK(v, pc_detach(&p.core) == NULL, "a second pc_detach returned the nodes again");
     for (unsigned i = 0; i < COUNT; i++) {
         CHECK(v, fired_count(&obs[i]) == 0 && atomic_load(&obs[i].deferred) == 0,
               "pc_detach fired observer #%u", i);
@@ -807,17 +812,18 @@ static void settlers_play(void *context, unsigned me, unsigned long round) {
     settlers_context *s = context;
     settler_seat *seat = &s->seats[me];
     uintptr_t outcome = settler_outcome(me, round);
-    if (settle(&s->promise, PC_FREE, outcome, make_payload(round, outcome, me))) {
-        seat->won = true;
-    } else {
+    seat->won = settle(&s->promise, PC_FREE, outcome, make_payload(round, outcome, me));
+    if (me == 0) {
+        /* Before this thread's own pc_state: an inline fire must rely on pc_observe's
+         * acquire alone to see the winner's payload. */
+        pc_observe(&s->promise.core, &s->late.node);
+    }
+    if (!seat->won) {
         /* acquire: a settled state makes the winner's payload visible here */
         seat->seen_state = pc_state(&s->promise.core);
         if (seat->seen_state != PC_PENDING) {
             seat->seen_payload = s->promise.payload;
         }
-    }
-    if (me == 0) {
-        pc_observe(&s->promise.core, &s->late.node);
     }
 }
 
@@ -1010,7 +1016,7 @@ int main(void) {
     static race_context racing;
     race = &racing;
     const stress_test registration_race = {
-        "registration racing the settle", 1 + REGISTRARS, 20000,
+        "registration racing the settle", 1 + REGISTRARS, 50000,
         race_prepare, race_play, race_check, race_summary,
     };
     run_stress(&registration_race, &racing);
