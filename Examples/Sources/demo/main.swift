@@ -84,8 +84,20 @@ for _ in 0..<100_000 { last = last.then(on: .immediate) { $0 + 1 } }
 first.fulfill(0)
 say("   last step holds \(try last.wait())")
 
-// 6. Blocking with a timeout.
-say("6. wait(timeout:) on a promise nobody settles")
+// 6. Combinators: all keeps input order, race takes the first to settle.
+say("6. all and race over three lookups (30, 10, 20 ms)")
+let lookups = [lookup("alpha", after: 30), lookup("be", after: 10), lookup("gam", after: 20)]
+say("   all:  \(try Promise.all(lookups).wait())")
+let racers = [lookup("slow", after: 40), lookup("fast!", after: 5)]
+say("   race: \(try Promise.race(racers).wait()) (the fast one)")
+
+// 7. async/await: awaiting a promise suspends, it does not block a thread.
+say("7. await p.value")
+let awaited = try await lookup("awaited", after: 10).then { $0 * 2 }.value
+say("   awaited \(awaited)")
+
+// 8. Blocking with a timeout.
+say("8. wait(timeout:) on a promise nobody settles")
 do {
     _ = try Promise<Int>().wait(timeout: .milliseconds(50))
 } catch {
