@@ -16,7 +16,7 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-_Static_assert(sizeof(pc_promise) == 6 * sizeof(void *), "pc_promise is six words");
+_Static_assert(sizeof(pc_promise) == 9 * sizeof(void *), "pc_promise is nine words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))

@@ -79,7 +79,7 @@ final class Aggregator: @unchecked Sendable {
     }
 
     func value<V: Sendable>(at index: Int, as type: V.Type) -> V {
-        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).fulfilledValue.unsafelyUnwrapped
+        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).storedValue
     }
 
     func result<V: Sendable>(at index: Int, as type: V.Type) -> Result<V, any Error> {

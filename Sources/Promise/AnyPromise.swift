@@ -61,7 +61,7 @@ public class AnyPromise: @unchecked Sendable {
 
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs.
-    @usableFromInline @exclusivity(unchecked) final var continuation: (any PromiseContinuation)?
+    @usableFromInline @exclusivity(unchecked) final var continuation: Continuation?
     /// Where `continuation` runs.
     @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
@@ -218,7 +218,7 @@ public class AnyPromise: @unchecked Sendable {
             // cancelled parent still gives the handler its error side, for clean-up; a
             // settled parent whose cancel is being forwarded gives it nothing to run.
             cancel(reason: reason)
-            guard parent.isCancelled, let op = continuation, op.hasErrorSide else {
+            guard parent.isCancelled, let handler = continuation, handler.hasErrorSide else {
                 continuation = nil
                 return
             }
@@ -240,11 +240,11 @@ public class AnyPromise: @unchecked Sendable {
     /// (then only a cancelled parent still gets the handler's error side).
     @usableFromInline
     final func runContinuation() {
-        guard let op = continuation, let parent = settledParent else { return }
+        guard let handler = continuation, let parent = settledParent else { return }
         continuation = nil
         role = .idle
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
         if !parentCancelled && claimHint != UInt(PC_FREE) { return }
-        op.run(source: parent, target: self)
+        handler.run(parent, self)
     }
 }

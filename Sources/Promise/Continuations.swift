@@ -1,34 +1,42 @@
 import CPromiseCore
 
-/// A handler stored in the child promise it settles. Each conforming struct holds just
-/// the user's closure(s), so it fits the existential's inline buffer: registering a
-/// continuation costs the child promise and the closure's own context, nothing else.
+/// A handler stored in the child promise it settles: a closure built by the inlinable
+/// continuation methods, so its code is specialised for the caller's types (no generic
+/// metadata lookups, no value witness calls on the fire path). It captures the user's
+/// closure: registering a continuation costs the child promise and this context.
 @usableFromInline
-protocol PromiseContinuation: Sendable {
-    /// True if the handler has an error side, which also runs (for clean-up) when the
-    /// parent was cancelled.
-    var hasErrorSide: Bool { get }
-
+struct Continuation: Sendable {
     /// Runs the handler on `source`'s published outcome and settles `target`. When
     /// `source` was cancelled, `target` is already cancelled: only the error side runs.
-    func run(source: AnyPromise, target: AnyPromise)
-}
-
-/// The parent's outcome, read after it was published.
-@usableFromInline
-enum Outcome<Value: Sendable> {
-    case fulfilled(Value)
-    case rejected(any Error)
-    case cancelled(any Error)
+    @usableFromInline let run: @Sendable (_ source: AnyPromise, _ target: AnyPromise) -> Void
+    /// True if the handler has an error side, which also runs (for clean-up) when the
+    /// parent was cancelled.
+    @usableFromInline let hasErrorSide: Bool
 
     @inlinable
-    init(of source: AnyPromise) {
-        let promise = unsafeDowncast(source, to: Promise<Value>.self)
-        switch promise.publishedTag {
-        case UInt(PC_FULFILLED): self = .fulfilled(promise.fulfilledValue.unsafelyUnwrapped)
-        case UInt(PC_REJECTED): self = .rejected(promise.failure.unsafelyUnwrapped)
-        default: self = .cancelled(promise.failure ?? CancellationError())
-        }
+    init(hasErrorSide: Bool, _ run: @escaping @Sendable (_ source: AnyPromise, _ target: AnyPromise) -> Void) {
+        self.run = run
+        self.hasErrorSide = hasErrorSide
+    }
+}
+
+/// The parent's published outcome, read without building a generic enum.
+extension AnyPromise {
+    @inlinable
+    final func fulfilledValue<T: Sendable>(as type: T.Type) -> T? {
+        publishedTag == UInt(PC_FULFILLED) ? unsafeDowncast(self, to: Promise<T>.self).storedValue : nil
+    }
+
+    /// The error of a rejected promise (nil if fulfilled or cancelled).
+    @inlinable
+    final var rejection: (any Error)? {
+        publishedTag == UInt(PC_REJECTED) ? failure : nil
+    }
+
+    /// The reason of a cancelled promise (nil otherwise).
+    @inlinable
+    final var cancellationReason: (any Error)? {
+        publishedTag == UInt(PC_CANCELLED) ? (failure ?? CancellationError()) : nil
     }
 }
 
@@ -44,173 +52,136 @@ extension Promise {
     }
 }
 
-@usableFromInline
-struct MapContinuation<T: Sendable, U: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (T) throws -> U
-    @inlinable init(_ body: @escaping @Sendable (T) throws -> U) { self.body = body }
-    @inlinable var hasErrorSide: Bool { false }
-
+// The handlers, one builder each. `T` is the parent's value type, `U` the child's.
+extension Continuation {
     @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<U>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.settle { try body(value) }
-        case .rejected(let error): child.reject(error)
-        case .cancelled: break
-        }
-    }
-}
-
-@usableFromInline
-struct FlatMapContinuation<T: Sendable, U: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (T) throws -> Promise<U>
-    @inlinable init(_ body: @escaping @Sendable (T) throws -> Promise<U>) { self.body = body }
-    @inlinable var hasErrorSide: Bool { false }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<U>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.settleFollowing { try body(value) }
-        case .rejected(let error): child.reject(error)
-        case .cancelled: break
-        }
-    }
-}
-
-/// RXPromise's `then(onFulfilled, onRejected)`.
-@usableFromInline
-struct BothContinuation<T: Sendable, U: Sendable>: PromiseContinuation {
-    @usableFromInline let onFulfilled: @Sendable (T) throws -> U
-    @usableFromInline let onRejected: @Sendable (any Error) throws -> U
-    @inlinable init(_ onFulfilled: @escaping @Sendable (T) throws -> U,
-                    _ onRejected: @escaping @Sendable (any Error) throws -> U) {
-        self.onFulfilled = onFulfilled
-        self.onRejected = onRejected
-    }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<U>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.settle { try onFulfilled(value) }
-        case .rejected(let error): child.settle { try onRejected(error) }
-        case .cancelled(let reason): _ = try? onRejected(reason)
-        }
-    }
-}
-
-@usableFromInline
-struct RecoverContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (any Error) throws -> T
-    @inlinable init(_ body: @escaping @Sendable (any Error) throws -> T) { self.body = body }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.fulfill(value)
-        case .rejected(let error): child.settle { try body(error) }
-        case .cancelled(let reason): _ = try? body(reason)
-        }
-    }
-}
-
-@usableFromInline
-struct FlatRecoverContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (any Error) throws -> Promise<T>
-    @inlinable init(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) { self.body = body }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.fulfill(value)
-        case .rejected(let error): child.settleFollowing { try body(error) }
-        case .cancelled(let reason):
-            // Clean-up only: the child stays cancelled, and the work it would have
-            // followed is cancelled with it.
-            (try? body(reason))?.cancel(reason: reason)
-        }
-    }
-}
-
-@usableFromInline
-struct MapErrorContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (any Error) -> any Error
-    @inlinable init(_ body: @escaping @Sendable (any Error) -> any Error) { self.body = body }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.fulfill(value)
-        case .rejected(let error): child.reject(body(error))
-        case .cancelled(let reason): _ = body(reason)
-        }
-    }
-}
-
-/// `catch`: an error side effect; the outcome passes on unchanged.
-@usableFromInline
-struct CatchContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable (any Error) -> Void
-    @inlinable init(_ body: @escaping @Sendable (any Error) -> Void) { self.body = body }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.fulfill(value)
-        case .rejected(let error):
-            body(error)
-            child.reject(error)
-        case .cancelled(let reason): body(reason)
-        }
-    }
-}
-
-/// `always`: a side effect on any outcome; the outcome passes on unchanged.
-@usableFromInline
-struct AlwaysContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let body: @Sendable () -> Void
-    @inlinable init(_ body: @escaping @Sendable () -> Void) { self.body = body }
-    @inlinable var hasErrorSide: Bool { true }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        body()
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value): child.fulfill(value)
-        case .rejected(let error): child.reject(error)
-        case .cancelled: break
-        }
-    }
-}
-
-@usableFromInline
-struct ValidateContinuation<T: Sendable>: PromiseContinuation {
-    @usableFromInline let predicate: @Sendable (T) throws -> Bool
-    @inlinable init(_ predicate: @escaping @Sendable (T) throws -> Bool) { self.predicate = predicate }
-    @inlinable var hasErrorSide: Bool { false }
-
-    @inlinable
-    func run(source: AnyPromise, target: AnyPromise) {
-        let child = unsafeDowncast(target, to: Promise<T>.self)
-        switch Outcome<T>(of: source) {
-        case .fulfilled(let value):
-            child.settle {
-                guard try predicate(value) else { throw PromiseError.validationFailure }
-                return value
+    static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> Continuation {
+        Continuation(hasErrorSide: false) { source, target in
+            let child = unsafeDowncast(target, to: Promise<U>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.settle { try body(value) }
+            } else if let error = source.rejection {
+                child.reject(error)
             }
-        case .rejected(let error): child.reject(error)
-        case .cancelled: break
+        }
+    }
+
+    @inlinable
+    static func flatMap<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> Promise<U>) -> Continuation {
+        Continuation(hasErrorSide: false) { source, target in
+            let child = unsafeDowncast(target, to: Promise<U>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.settleFollowing { try body(value) }
+            } else if let error = source.rejection {
+                child.reject(error)
+            }
+        }
+    }
+
+    /// RXPromise's `then(onFulfilled, onRejected)`.
+    @inlinable
+    static func both<T: Sendable, U: Sendable>(
+        _ onFulfilled: @escaping @Sendable (T) throws -> U,
+        _ onRejected: @escaping @Sendable (any Error) throws -> U
+    ) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<U>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.settle { try onFulfilled(value) }
+            } else if let error = source.rejection {
+                child.settle { try onRejected(error) }
+            } else if let reason = source.cancellationReason {
+                _ = try? onRejected(reason)
+            }
+        }
+    }
+
+    @inlinable
+    static func recover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> T) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.fulfill(value)
+            } else if let error = source.rejection {
+                child.settle { try body(error) }
+            } else if let reason = source.cancellationReason {
+                _ = try? body(reason)
+            }
+        }
+    }
+
+    @inlinable
+    static func flatRecover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.fulfill(value)
+            } else if let error = source.rejection {
+                child.settleFollowing { try body(error) }
+            } else if let reason = source.cancellationReason {
+                // Clean-up only: the child stays cancelled, and the work it would have
+                // followed is cancelled with it.
+                (try? body(reason))?.cancel(reason: reason)
+            }
+        }
+    }
+
+    @inlinable
+    static func mapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> any Error) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.fulfill(value)
+            } else if let error = source.rejection {
+                child.reject(body(error))
+            } else if let reason = source.cancellationReason {
+                _ = body(reason)
+            }
+        }
+    }
+
+    /// `catch`: an error side effect; the outcome passes on unchanged.
+    @inlinable
+    static func tapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> Void) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.fulfill(value)
+            } else if let error = source.rejection {
+                body(error)
+                child.reject(error)
+            } else if let reason = source.cancellationReason {
+                body(reason)
+            }
+        }
+    }
+
+    /// `always`: a side effect on any outcome; the outcome passes on unchanged.
+    @inlinable
+    static func always<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable () -> Void) -> Continuation {
+        Continuation(hasErrorSide: true) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            body()
+            if let value = source.fulfilledValue(as: T.self) {
+                child.fulfill(value)
+            } else if let error = source.rejection {
+                child.reject(error)
+            }
+        }
+    }
+
+    @inlinable
+    static func validate<T: Sendable>(_ predicate: @escaping @Sendable (T) throws -> Bool) -> Continuation {
+        Continuation(hasErrorSide: false) { source, target in
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.settle {
+                    guard try predicate(value) else { throw PromiseError.validationFailure }
+                    return value
+                }
+            } else if let error = source.rejection {
+                child.reject(error)
+            }
         }
     }
 }

@@ -20,9 +20,9 @@ import CPromiseCore
 /// Threading: a promise is a lock-free C state machine (see `CPromiseCore.h`) plus a
 /// value slot written once by the winning resolver before it publishes the outcome.
 public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
-    /// The value of a fulfilled promise: written once by the claim winner before it
-    /// publishes; read only after an acquire load has seen the fulfilled tag.
-    @usableFromInline @exclusivity(unchecked) var fulfilledValue: Value?
+    // The value lives in the core's `payload` words (see `ValueStorage.swift`), not in a
+    // `Value?` property: code that runs without knowing `Value` statically (the fire
+    // path, the destructor) then needs no generic metadata lookup to reach it.
 
     /// A pending promise; settle it with `fulfill`, `reject`, `resolve` or `cancel`.
     public init() {
@@ -81,9 +81,13 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         }
     }
 
+    deinit {
+        destroyStoredValue()
+    }
+
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
-    init(parent: AnyPromise, context: any ExecutionContext, continuation: any PromiseContinuation) {
+    init(parent: AnyPromise, context: any ExecutionContext, continuation: Continuation) {
         super.init(parent: parent)
         self.context = context
         self.continuation = continuation
@@ -97,7 +101,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     @inlinable @discardableResult
     public func fulfill(_ value: Value) -> Bool {
         guard claim(from: PC_FREE, to: PC_FULFILLED) else { return false }
-        fulfilledValue = value
+        storeValue(value)
         publishClaimedOutcome()
         return true
     }
@@ -145,7 +149,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     @inlinable
     var settledResult: Result<Value, any Error>? {
         switch publishedTag {
-        case UInt(PC_FULFILLED): return .success(fulfilledValue.unsafelyUnwrapped)
+        case UInt(PC_FULFILLED): return .success(storedValue)
         case UInt(PC_PENDING): return nil
         default: return .failure(failure ?? CancellationError())
         }
@@ -154,7 +158,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     override func copyOutcome(from source: AnyPromise, tag: UInt) {
         let source = unsafeDowncast(source, to: Promise<Value>.self)
         if tag == UInt(PC_FULFILLED) {
-            fulfilledValue = source.fulfilledValue
+            storeValue(source.storedValue)
         } else {
             failure = source.failure
         }

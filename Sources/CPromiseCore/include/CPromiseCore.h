@@ -118,6 +118,9 @@ struct pc_promise {
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
     uintptr_t family;   /* atomic: PC_FAMILY_* bits, and from bit 3 up the number of
                            links pushed here (approximate, for pruning) */
+    uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
+                             slot, written by the claim winner before pc_publish and read
+                             only after an acquire has seen PC_FULFILLED */
 };
 
 /*
