@@ -21,7 +21,9 @@ include $(sort $(wildcard mk/*.mk))
 help:
 	@echo "make deps       install libatomic-ops-dev if atomic_ops.h is missing"
 	@echo "make build      build the library (warnings are errors)"
-	@echo "make test       C core tests + swift test"
+	@echo "make test       C core tests + swift test + public API check"
+	@echo "make integration  build and run IntegrationTests/Consumer (an outside package, warnings as errors)"
+	@echo "make api-check  compare the public API with Scripts/public-api.txt (make api-update rewrites it)"
 	@echo "make demo       run the demo program (Examples/)"
 	@echo "make clean      remove build outputs"
 
@@ -56,7 +58,7 @@ test-swift: deps
 	@echo "==> test-swift: swift test (warnings as errors)"
 	$(SWIFT) test $(SWIFT_FLAGS)
 
-test: test-core test-swift
+test: test-core test-swift api-check
 	@echo "==> test: all passed"
 
 demo: deps
@@ -65,4 +67,4 @@ demo: deps
 
 clean:
 	@echo "==> clean"
-	rm -rf $(BUILD_DIR) Examples/.build
+	rm -rf $(BUILD_DIR) Examples/.build IntegrationTests/Consumer/.build .build-api

@@ -6,6 +6,8 @@ import PackageDescription
 
 let package = Package(
     name: "Promise",
+    // `Duration` (timeouts, delays) needs these; Linux has no minimum.
+    platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
     products: [
         .library(name: "Promise", targets: ["Promise"]),
     ],

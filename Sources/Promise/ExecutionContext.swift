@@ -28,8 +28,7 @@ public struct DefaultExecutionContext: ExecutionContext {
     @usableFromInline static let queue = DispatchQueue(
         label: "Promise.default", qos: .default, attributes: .concurrent)
 
-    /// The shared default context; use `.default`.
-    public init() {}
+    init() {}
 
     /// Runs `work` on the library's private concurrent queue.
     @inlinable
@@ -47,11 +46,12 @@ public struct DefaultExecutionContext: ExecutionContext {
 /// outermost settling call returns: chains of any length run in constant stack depth.
 /// Never block in an immediate handler waiting for work queued behind it.
 public struct ImmediateExecutionContext: ExecutionContext {
-    /// The immediate context; use `.immediate`.
-    public init() {}
+    init() {}
 
-    /// Runs `work` at once. (The library itself never calls this: it runs immediate
-    /// handlers through the core's per-thread trampoline.)
+    /// Runs `work` at once. The library itself never calls this: it runs immediate
+    /// handlers through the core's per-thread trampoline, which is what makes long
+    /// `.immediate` chains stack-safe. Calling it directly gives neither that nor the
+    /// no-Zalgo guarantee of the other contexts.
     public func execute(_ work: @escaping @Sendable () -> Void) {
         work()
     }
@@ -60,11 +60,9 @@ public struct ImmediateExecutionContext: ExecutionContext {
 /// A concurrent `DispatchQueue` used without a barrier: handlers on it may overlap.
 /// For read-only handlers; plain `then(on: queue)` serialises them instead.
 public struct ConcurrentQueueContext: ExecutionContext {
-    /// The queue the handlers run on.
-    public let queue: DispatchQueue
+    @usableFromInline let queue: DispatchQueue
 
-    /// Wraps `queue`; use `.concurrent(queue)`.
-    public init(_ queue: DispatchQueue) {
+    init(_ queue: DispatchQueue) {
         self.queue = queue
     }
 

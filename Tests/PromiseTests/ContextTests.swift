@@ -1,0 +1,381 @@
+// Execution contexts: where and when handlers run.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+final class ContextTests: XCTestCase {
+
+    /// Every context except `.immediate` (and `.main`, tested on its own below).
+    private func asyncContexts() -> [(name: String, context: any ExecutionContext)] {
+        let operationQueue = OperationQueue()
+        return [
+            ("default", .default),
+            ("serial queue", DispatchQueue(label: "PromiseTests.serial")),
+            ("concurrent queue", DispatchQueue(label: "PromiseTests.concurrent", attributes: .concurrent)),
+            (".concurrent(queue)", .concurrent(DispatchQueue(label: "PromiseTests.concurrent2", attributes: .concurrent))),
+            ("global queue", DispatchQueue.global()),
+            ("operation queue", operationQueue),
+            ("custom context", CountingContext()),
+        ]
+    }
+
+    // MARK: No Zalgo
+
+    /// On an already settled promise, no handler on an asynchronous context runs inside
+    /// the call that registers it: each handler checks a marker that is set on the
+    /// registering thread only for the duration of the registering call.
+    func testNoHandlerRunsInsideRegistrationOnSettledPromise() {
+        let fulfilled = Promise(value: 1)
+        let rejected = Promise<Int>(error: TestError(1))
+        let cancelled = Promise<Int>()
+        cancelled.cancel(reason: TestError(2))
+
+        let inline = Recorder<String>()
+        let ran = Recorder<String>()
+        let done = Countdown()
+
+        for (name, context) in asyncContexts() {
+            for (state, p) in [("fulfilled", fulfilled), ("rejected", rejected), ("cancelled", cancelled)] {
+                // One probe per form: it notes whether it ran inside the registering call.
+                func probe(_ form: String) -> @Sendable () -> Void {
+                    done.add()
+                    let label = "\(name)/\(state)/\(form)"
+                    return {
+                        if ThreadMarker.isInside("register") { inline.append(label) }
+                        ran.append(label)
+                        done.countDown()
+                    }
+                }
+                let mapProbe = probe("then")
+                let flatProbe = probe("flatMap")
+                let bothProbe = probe("then2")
+                let recoverProbe = probe("recover")
+                let flatRecoverProbe = probe("recover->Promise")
+                let mapErrorProbe = probe("mapError")
+                let catchProbe = probe("catch")
+                let alwaysProbe = probe("always")
+                let validateProbe = probe("validate")
+                let completeProbe = probe("whenComplete")
+                // Handlers that the outcome does not select never run: leave for them.
+                var unselected: [String] = []
+                ThreadMarker.inside("register") {
+                    _ = p.then(on: context) { v -> Int in mapProbe(); return v }
+                    _ = p.flatMap(on: context) { v -> Promise<Int> in flatProbe(); return Promise(value: v) }
+                    _ = p.then(on: context, { v -> Int in bothProbe(); return v }, { _ -> Int in bothProbe(); return 0 })
+                    _ = p.recover(on: context) { _ -> Int in recoverProbe(); return 0 }
+                    _ = p.recover(on: context) { _ -> Promise<Int> in flatRecoverProbe(); return Promise(value: 0) }
+                    _ = p.mapError(on: context) { e -> any Error in mapErrorProbe(); return e }
+                    _ = p.catch(on: context) { _ in catchProbe() }
+                    _ = p.always(on: context) { alwaysProbe() }
+                    _ = p.validate(on: context) { _ in validateProbe(); return true }
+                    p.whenComplete(on: context) { _ in completeProbe() }
+                }
+                if p.isFulfilled {
+                    unselected = ["recover", "recover->Promise", "mapError", "catch"]
+                } else {
+                    unselected = ["then", "flatMap", "validate"]
+                }
+                for _ in unselected { done.countDown() }
+            }
+        }
+        XCTAssertTrue(done.wait(), "handlers ran: \(ran.count)")
+        XCTAssertEqual(done.overshoot, 0, "a handler ran twice")
+        XCTAssertEqual(inline.values, [], "handlers that ran inside the registering call")
+    }
+
+    /// The probe above can fail: with a context that breaks the `execute` contract by
+    /// running work inline, the handler does see the registering call's marker.
+    func testZalgoProbeDetectsAContextThatRunsWorkInline() {
+        struct InlineContext: ExecutionContext {
+            func execute(_ work: @escaping @Sendable () -> Void) { work() }
+        }
+        let sawMarker = Flag()
+        let child = ThreadMarker.inside("register") {
+            Promise(value: 1).then(on: InlineContext()) { v -> Int in
+                if ThreadMarker.isInside("register") { sawMarker.set() }
+                return v
+            }
+        }
+        XCTAssertEqual(value(child), 1)
+        XCTAssertTrue(sawMarker.isSet)
+    }
+
+    /// The same check for `then` on a pending promise that settles on another thread:
+    /// the handler does not run inside `fulfill` either (only `.immediate` does).
+    func testNoHandlerRunsInsideFulfillOnAsyncContexts() {
+        let inline = Recorder<String>()
+        var children: [Promise<Int>] = []
+        let p = Promise<Int>()
+        for (name, context) in asyncContexts() {
+            children.append(p.then(on: context) { v -> Int in
+                if ThreadMarker.isInside("fulfill") { inline.append(name) }
+                return v
+            })
+        }
+        ThreadMarker.inside("fulfill") { _ = p.fulfill(1) }
+        for child in children { XCTAssertEqual(value(child), 1) }
+        XCTAssertEqual(inline.values, [])
+    }
+
+    // MARK: .immediate
+
+    func testImmediateRunsInlineOnSettlingThreadBeforeFulfillReturns() {
+        let p = Promise<Int>()
+        let ranInsideFulfill = Flag()
+        let ranBeforeReturn = Flag()
+        let handlerRan = Flag()
+        _ = p.then(on: .immediate) { v -> Int in
+            if ThreadMarker.isInside("fulfill") { ranInsideFulfill.set() }
+            handlerRan.set()
+            return v
+        }
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            ThreadMarker.inside("fulfill") { _ = p.fulfill(1) }
+            if handlerRan.isSet { ranBeforeReturn.set() }
+            done.signal()
+        }.start()
+        XCTAssertEqual(done.wait(timeout: .now() + testTimeoutSeconds), .success)
+        XCTAssertTrue(ranBeforeReturn.isSet, "handler had not run when fulfill returned")
+        XCTAssertTrue(ranInsideFulfill.isSet, "handler did not run on the settling thread inside fulfill")
+    }
+
+    func testImmediateRunsInlineInThenOnSettledPromise() {
+        let ran = Flag()
+        let child = ThreadMarker.inside("then") {
+            Promise(value: 2).then(on: .immediate) { v -> Int in
+                if ThreadMarker.isInside("then") { ran.set() }
+                return v * 2
+            }
+        }
+        XCTAssertTrue(ran.isSet, "handler did not run inline in then")
+        XCTAssertEqual(child.state, .fulfilled)
+        XCTAssertEqual(value(child), 4)
+    }
+
+    func testImmediateWhenCompleteRunsInlineOnSettledPromise() {
+        let ran = Flag()
+        Promise(value: 2).whenComplete(on: .immediate) { _ in ran.set() }
+        XCTAssertTrue(ran.isSet)
+    }
+
+    /// Work an immediate handler triggers (settling its child, which fires further
+    /// immediate handlers) still completes before the outermost `fulfill` returns.
+    func testImmediateChainSettlesCompletelyBeforeFulfillReturns() {
+        let p = Promise<Int>()
+        let inner = Promise<Int>()
+        let end = p
+            .then(on: .immediate) { $0 + 1 }
+            .flatMap(on: .immediate) { v -> Promise<Int> in inner.fulfill(v * 10); return inner }
+            .recover(on: .immediate) { _ in -1 }
+            .then(on: .immediate) { $0 + 2 }
+        p.fulfill(1)
+        XCTAssertEqual(end.state, .fulfilled)
+        XCTAssertEqual(value(end), 22)
+    }
+
+    func testImmediateHandlersRunInRegistrationOrder() {
+        let p = Promise<Int>()
+        let order = Recorder<Int>()
+        for i in 0..<500 { p.whenComplete(on: .immediate) { _ in order.append(i) } }
+        p.fulfill(0)
+        XCTAssertEqual(order.values, Array(0..<500))
+    }
+
+    // MARK: Serial queues
+
+    func testSerialQueueRunsHandlersInRegistrationOrder() {
+        let queue = DispatchQueue(label: "PromiseTests.order")
+        let p = Promise<Int>()
+        let order = Recorder<Int>()
+        var children: [Promise<Void>] = []
+        for i in 0..<1_000 { children.append(p.then(on: queue) { _ in order.append(i) }) }
+        DispatchQueue.global().async { p.fulfill(0) }
+        for child in children { settle(child) }
+        XCTAssertEqual(order.values, Array(0..<1_000))
+    }
+
+    func testSerialQueueRunsHandlersInRegistrationOrderOnSettledPromise() {
+        let queue = DispatchQueue(label: "PromiseTests.orderSettled")
+        let p = Promise(value: 0)
+        let order = Recorder<Int>()
+        for i in 0..<1_000 {
+            if i.isMultiple(of: 3) {
+                p.whenComplete(on: queue) { _ in order.append(i) }
+            } else {
+                _ = p.then(on: queue) { _ in order.append(i) }
+            }
+        }
+        queue.sync {}  // whenComplete handlers leave nothing to wait on: drain the queue
+        XCTAssertEqual(order.values, Array(0..<1_000))
+    }
+
+    func testHandlerRunsOnTheGivenDispatchQueue() {
+        let queue = DispatchQueue(label: "PromiseTests.specific")
+        let key = DispatchSpecificKey<String>()
+        queue.setSpecific(key: key, value: "mine")
+        let child = Promise(value: 1).then(on: queue) { _ in DispatchQueue.getSpecific(key: key) }
+        XCTAssertEqual(value(child), "mine")
+        let errorSide = Promise<Int>(error: TestError(1)).recover(on: queue) { _ in
+            DispatchQueue.getSpecific(key: key) == "mine" ? 1 : 0
+        }
+        XCTAssertEqual(value(errorSide), 1)
+    }
+
+    // MARK: Concurrent queues: barrier vs .concurrent
+
+    /// Handlers registered with `then(on: concurrentQueue)` get a barrier: even with work
+    /// in each, no two of them are ever inside their bodies at once.
+    func testThenOnConcurrentQueueNeverOverlaps() {
+        let queue = DispatchQueue(label: "PromiseTests.barrier", attributes: .concurrent)
+        let tracker = ConcurrencyTracker()
+        let p = Promise<Int>()
+        var children: [Promise<Void>] = []
+        for _ in 0..<200 {
+            children.append(p.then(on: queue) { _ in tracker.track(workMicroseconds: 100) })
+        }
+        p.fulfill(1)
+        for child in children { settle(child) }
+        XCTAssertEqual(tracker.entries, 200)
+        XCTAssertEqual(tracker.maxConcurrency, 1, "handlers on one concurrent queue overlapped")
+    }
+
+    /// The barrier holds across promises: handlers of different promises, settled from
+    /// different threads, on one concurrent queue never overlap either.
+    func testHandlersOfDifferentPromisesOnOneConcurrentQueueNeverOverlap() {
+        let queue = DispatchQueue(label: "PromiseTests.barrier2", attributes: .concurrent)
+        let tracker = ConcurrencyTracker()
+        let promises = (0..<8).map { _ in Promise<Int>() }
+        var children: [Promise<Void>] = []
+        for p in promises {
+            for _ in 0..<25 {
+                children.append(p.then(on: queue) { _ in tracker.track(workMicroseconds: 100) })
+                p.whenComplete(on: queue) { _ in tracker.track(workMicroseconds: 20) }
+            }
+        }
+        DispatchQueue.concurrentPerform(iterations: promises.count) { i in promises[i].fulfill(i) }
+        for child in children { settle(child) }
+        queue.sync(flags: .barrier) {}  // the whenComplete handlers
+        XCTAssertEqual(tracker.entries, 400)
+        XCTAssertEqual(tracker.maxConcurrency, 1)
+    }
+
+    /// `.concurrent(queue)` drops the barrier; overlap is allowed, not required, so the
+    /// test only asserts that every handler runs, once.
+    func testConcurrentContextRunsAllHandlers() {
+        let queue = DispatchQueue(label: "PromiseTests.noBarrier", attributes: .concurrent)
+        let tracker = ConcurrencyTracker()
+        let p = Promise<Int>()
+        var children: [Promise<Int>] = []
+        for i in 0..<200 {
+            children.append(p.then(on: .concurrent(queue)) { v -> Int in
+                tracker.track(workMicroseconds: 50)
+                return v + i
+            })
+        }
+        p.fulfill(1)
+        for (i, child) in children.enumerated() { XCTAssertEqual(value(child), 1 + i) }
+        XCTAssertEqual(tracker.entries, 200)
+        print("testConcurrentContextRunsAllHandlers: max concurrency \(tracker.maxConcurrency)")
+    }
+
+    // MARK: OperationQueue, custom contexts
+
+    func testOperationQueueRunsHandler() {
+        let operationQueue = OperationQueue()
+        operationQueue.maxConcurrentOperationCount = 1
+        let ranOnQueue = Flag()
+        let child = Promise(value: 3).then(on: operationQueue) { v -> Int in
+            if OperationQueue.current === operationQueue { ranOnQueue.set() }
+            return v + 1
+        }
+        XCTAssertEqual(value(child), 4)
+        XCTAssertTrue(ranOnQueue.isSet, "handler did not run on the operation queue")
+    }
+
+    func testCustomContextRunsEveryHandlerThroughExecuteOnce() {
+        let context = CountingContext()
+        let key = DispatchSpecificKey<Bool>()
+        context.queue.setSpecific(key: key, value: true)
+        let onContext = Counter()
+        let note: @Sendable () -> Void = {
+            if DispatchQueue.getSpecific(key: key) == true { onContext.increment() }
+        }
+        let p = Promise<Int>()
+        let a = p.then(on: context) { v -> Int in note(); return v + 1 }
+        let b = p.flatMap(on: context) { v -> Promise<Int> in note(); return Promise(value: v + 2) }
+        let c = p.always(on: context) { note() }
+        let d = p.validate(on: context) { _ in note(); return true }
+        let e = p.then(on: context, { v -> Int in note(); return v }, { _ in 0 })
+        let done = expectation(description: "whenComplete")
+        p.whenComplete(on: context) { _ in note(); done.fulfill() }
+        XCTAssertEqual(context.calls.value, 0, "execute called before the promise settled")
+        p.fulfill(1)
+        XCTAssertEqual(value(a), 2)
+        XCTAssertEqual(value(b), 3)
+        XCTAssertEqual(value(c), 1)
+        XCTAssertEqual(value(d), 1)
+        XCTAssertEqual(value(e), 1)
+        wait(for: [done], timeout: testTimeoutSeconds)
+        XCTAssertEqual(context.calls.value, 6)
+        XCTAssertEqual(onContext.value, 6)
+    }
+
+    func testCustomContextRunsErrorHandlersThroughExecute() {
+        let context = CountingContext()
+        let p = Promise<Int>()
+        let a = p.recover(on: context) { _ in 1 }
+        let b = p.recover(on: context) { _ in Promise(value: 2) }
+        let c = p.mapError(on: context) { WrappedError(underlying: $0) }
+        let d = p.catch(on: context) { _ in }
+        p.reject(TestError(3))
+        XCTAssertEqual(value(a), 1)
+        XCTAssertEqual(value(b), 2)
+        XCTAssertTrue(error(c) is WrappedError)
+        XCTAssertEqual(error(d) as? TestError, TestError(3))
+        XCTAssertEqual(context.calls.value, 4)
+    }
+
+    // MARK: .main and .default
+
+    func testMainContextRunsOnMainThread() {
+        XCTAssertTrue(Thread.isMainThread, "XCTest is expected to run tests on the main thread")
+        let p = Promise<Int>()
+        let onMain = Flag()
+        let done = expectation(description: "main handler")
+        _ = p.then(on: .main) { _ in
+            if Thread.isMainThread { onMain.set() }
+            done.fulfill()
+        }
+        DispatchQueue.global().async { p.fulfill(1) }
+        wait(for: [done], timeout: testTimeoutSeconds)
+        XCTAssertTrue(onMain.isSet, "handler on .main ran off the main thread")
+    }
+
+    func testMainContextDoesNotRunInsideThenOnSettledPromise() {
+        let ranInline = Flag()
+        let ranOnMain = Flag()
+        let done = expectation(description: "main handler")
+        ThreadMarker.inside("then") {
+            Promise(value: 1).whenComplete(on: .main) { _ in
+                if ThreadMarker.isInside("then") { ranInline.set() }
+                if Thread.isMainThread { ranOnMain.set() }
+                done.fulfill()
+            }
+        }
+        XCTAssertFalse(ranInline.isSet)
+        wait(for: [done], timeout: testTimeoutSeconds)
+        XCTAssertFalse(ranInline.isSet, "handler on .main ran inside whenComplete")
+        XCTAssertTrue(ranOnMain.isSet)
+    }
+
+    func testDefaultContextRunsOffTheCallingThread() {
+        XCTAssertTrue(Thread.isMainThread)
+        let p = Promise(value: 1)
+        let child = p.then(on: .default) { _ in Thread.isMainThread }
+        XCTAssertEqual(value(child), false, "a .default handler ran on the calling (main) thread")
+        let implicit = p.then { _ in Thread.isMainThread }  // `on:` left out means .default
+        XCTAssertEqual(value(implicit), false)
+    }
+}

@@ -1,0 +1,292 @@
+// Memory: chains are freed when the user lets go (settled or pending, no retain cycles),
+// a child keeps its settled parent, and long chains neither overflow the stack when they
+// settle nor when they are released.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+final class MemoryTests: XCTestCase {
+
+    // MARK: Freed when dropped
+
+    func testSettledImmediateChainIsFreed() {
+        weak var weakRoot: Promise<Int>?
+        weak var weakMiddle: Promise<Int>?
+        weak var weakLeaf: Promise<String>?
+        do {
+            let root = Promise<Int>()
+            let middle = root.then(on: .immediate) { $0 + 1 }
+            let leaf = middle.then(on: .immediate) { "\($0)" }
+            weakRoot = root; weakMiddle = middle; weakLeaf = leaf
+            root.fulfill(1)
+            XCTAssertEqual(leaf.state, .fulfilled)
+        }
+        XCTAssertNil(weakRoot)
+        XCTAssertNil(weakMiddle)
+        XCTAssertNil(weakLeaf)
+    }
+
+    func testSettledChainOnQueuesIsFreed() {
+        weak var weakRoot: Promise<Int>?
+        weak var weakLeaf: Promise<Int>?
+        weak var weakInner: Promise<Int>?
+        do {
+            let root = Promise<Int>()
+            let inner = Promise<Int>()
+            let leaf = root
+                .then { $0 + 1 }
+                .flatMap(on: DispatchQueue(label: "PromiseTests.mem")) { v -> Promise<Int> in
+                    inner.fulfill(v)
+                    return inner
+                }
+                .recover { _ in 0 }
+                .always {}
+            weakRoot = root; weakLeaf = leaf; weakInner = inner
+            root.fulfill(1)
+            XCTAssertEqual(value(leaf), 2)
+        }
+        // Dispatched blocks release their captures right after they run: no event to
+        // wait on, so poll (bounded) for the references to go.
+        XCTAssertTrue(eventually { weakRoot == nil && weakLeaf == nil && weakInner == nil },
+                      "root \(weakRoot != nil), leaf \(weakLeaf != nil), inner \(weakInner != nil)")
+    }
+
+    func testDroppedPendingChainIsFreed() {
+        weak var weakRoot: Promise<Int>?
+        weak var weakChild: Promise<Int>?
+        weak var weakGrandchild: Promise<String>?
+        do {
+            let root = Promise<Int>()
+            let child = root.then { $0 + 1 }
+            let grandchild = child.map { "\($0)" }
+            weakRoot = root; weakChild = child; weakGrandchild = grandchild
+        }
+        XCTAssertNil(weakRoot)
+        XCTAssertNil(weakChild)
+        XCTAssertNil(weakGrandchild)
+    }
+
+    /// A pending tree with every kind of observer on it (children of every form,
+    /// whenComplete, onCancel, a timed-out wait, a promise a child follows, a resolve(with:)
+    /// follower) is freed as soon as the user lets go: nothing forms a cycle.
+    func testDroppedPendingTreeWithEveryObserverKindIsFreed() {
+        var weakRefs: [() -> AnyPromise?] = []
+        func track(_ p: AnyPromise) {
+            weak let w = p
+            weakRefs.append { w }
+        }
+        do {
+            let root = Promise<Int>()
+            let children: [AnyPromise] = [
+                root.then { $0 }, root.then { v in Promise(value: v) }, root.then({ $0 }, { _ in 0 }),
+                root.map { $0 }, root.flatMap { Promise(value: $0) }, root.recover { _ in 0 },
+                root.recover { _ in Promise(value: 0) }, root.mapError { $0 }, root.catch { _ in },
+                root.always {}, root.validate { _ in true }, root.then(on: .immediate) { $0 },
+            ]
+            children.forEach(track)
+            let grandchild = root.then { $0 }.then { $0 }
+            track(grandchild)
+            root.whenComplete { _ in }
+            root.onCancel {}
+            XCTAssertThrowsError(try root.wait(timeout: .milliseconds(1)))
+            let follower = Promise<Int>()
+            follower.resolve(with: root)
+            track(follower)
+            track(root)
+        }
+        for (i, ref) in weakRefs.enumerated() {
+            XCTAssertNil(ref(), "promise \(i) is still alive")
+        }
+    }
+
+    func testPendingChildKeptByUserOutlivesItsDroppedPendingParent() {
+        weak var weakParent: Promise<Int>?
+        var child: Promise<Int>?
+        do {
+            let parent = Promise<Int>()
+            weakParent = parent
+            child = parent.then { $0 }
+        }
+        XCTAssertNil(weakParent, "a pending child kept its pending parent alive")
+        XCTAssertNotNil(child)
+        XCTAssertNil(child?.parent)
+        XCTAssertTrue(child?.isPending ?? false)
+        child = nil
+    }
+
+    // MARK: A child holds its settled parent
+
+    func testChildHoldsItsSettledParent() {
+        weak var weakParent: Promise<Int>?
+        let child: Promise<Int>
+        do {
+            let parent = Promise<Int>()
+            weakParent = parent
+            child = parent.then(on: .immediate) { $0 * 2 }
+            parent.fulfill(4)
+        }
+        XCTAssertNotNil(weakParent, "the child let its settled parent go")
+        XCTAssertTrue(child.parent === weakParent)
+        XCTAssertTrue(child.root === weakParent)
+        XCTAssertEqual(value(child), 8)
+    }
+
+    func testChildOnQueueHoldsItsSettledParent() {
+        weak var weakParent: Promise<Int>?
+        let child: Promise<Int>
+        do {
+            let parent = Promise<Int>()
+            weakParent = parent
+            child = parent.then { $0 * 2 }
+            parent.fulfill(5)
+            XCTAssertEqual(value(child), 10)
+        }
+        XCTAssertNotNil(weakParent)
+        XCTAssertTrue(child.parent === weakParent)
+    }
+
+    func testDroppingChildFreesItsSettledAncestors() {
+        weak var weakRoot: Promise<Int>?
+        weak var weakChild: Promise<Int>?
+        do {
+            let root = Promise<Int>()
+            weakRoot = root
+            var child: Promise<Int>? = root.then(on: .immediate) { $0 }.then(on: .immediate) { $0 }
+            weakChild = child
+            root.fulfill(1)
+            XCTAssertNotNil(child)
+            child = nil
+        }
+        XCTAssertNil(weakChild)
+        XCTAssertNil(weakRoot)
+    }
+
+    // MARK: Stack safety
+    //
+    // Each of these runs in a child process (see `runInChildProcess`): a stack overflow
+    // then fails that one test instead of killing the whole run.
+
+    func testImmediateChainOf100000StepsSettles() {
+        runInChildProcess {
+            let root = Promise<Int>()
+            var p = root
+            for _ in 0..<100_000 { p = p.then(on: .immediate) { $0 + 1 } }
+            root.fulfill(0)
+            XCTAssertEqual(p.state, .fulfilled, "the chain did not settle before fulfill returned")
+            XCTAssertEqual(value(p), 100_000)
+        }
+    }
+
+    func testImmediateChainOnSettledRootSettlesWhileBeingBuilt() {
+        runInChildProcess {
+            var p = Promise(value: 0)
+            for _ in 0..<100_000 { p = p.then(on: .immediate) { $0 + 1 } }
+            XCTAssertEqual(value(p), 100_000)
+        }
+    }
+
+    func testImmediateFlatMapChainOf100000StepsSettles() {
+        runInChildProcess {
+            let root = Promise<Int>()
+            var p = root
+            for _ in 0..<100_000 { p = p.flatMap(on: .immediate) { Promise(value: $0 + 1) } }
+            root.fulfill(0)
+            XCTAssertEqual(value(p), 100_000)
+        }
+    }
+
+    func testImmediateRecoverChainOf100000RejectionsSettles() {
+        runInChildProcess {
+            let root = Promise<Int>()
+            var p = root
+            for _ in 0..<100_000 { p = p.recover(on: .immediate) { e -> Int in throw e } }
+            let end = p.recover(on: .immediate) { e in (e as? TestError)?.id ?? -1 }
+            root.reject(TestError(3))
+            XCTAssertEqual(value(end), 3)
+        }
+    }
+
+    func testCancellingRootOf100000StepPendingChainCancelsItAll() {
+        runInChildProcess {
+            let root = Promise<Int>()
+            var p = root
+            for _ in 0..<100_000 { p = p.then { $0 + 1 } }
+            root.cancel(reason: TestError(4))
+            assertCancelled(p, reason: 4)
+        }
+    }
+
+    func testReleasingPending1000000StepChainDoesNotCrash() {
+        runInChildProcess {
+            weak var weakLeaf: Promise<Int>?
+            do {
+                let root = Promise<Int>()
+                var p = root
+                for _ in 0..<1_000_000 { p = p.then(on: .immediate) { $0 + 1 } }
+                weakLeaf = p
+            }
+            XCTAssertNil(weakLeaf)
+        }
+    }
+
+    func testReleasingSettled1000000StepChainDoesNotCrash() {
+        runInChildProcess {
+            weak var weakRoot: Promise<Int>?
+            do {
+                var root: Promise<Int>? = Promise<Int>()
+                weakRoot = root
+                var p = root!
+                for _ in 0..<1_000_000 { p = p.then(on: .immediate) { $0 + 1 } }
+                root?.fulfill(0)
+                root = nil
+                XCTAssertEqual(value(p), 1_000_000)
+                // Only the leaf holds the chain now (each child holds its settled parent).
+                XCTAssertNotNil(weakRoot)
+            }
+            XCTAssertNil(weakRoot)
+        }
+    }
+
+    func testLongResolveWithChainOf100000PromisesSettles() {
+        runInChildProcess {
+            // p[i] follows p[i + 1]; settling the last settles the first.
+            let count = 100_000
+            let chain = (0..<count).map { _ in Promise<Int>() }
+            for i in 0..<(count - 1) { chain[i].resolve(with: chain[i + 1]) }
+            chain[count - 1].fulfill(42)
+            XCTAssertEqual(chain[0].state, .fulfilled)
+            XCTAssertEqual(value(chain[0]), 42)
+        }
+    }
+
+    func testLongResolveWithChainFollowingBackwardsSettles() {
+        runInChildProcess {
+            // p[i + 1] follows p[i], built from the already settled end.
+            var p = Promise(value: 7)
+            for _ in 0..<100_000 {
+                let next = Promise<Int>()
+                next.resolve(with: p)
+                p = next
+            }
+            XCTAssertEqual(value(p), 7)
+        }
+    }
+
+    func testReleasingPendingResolveWithChainOf100000PromisesDoesNotCrash() {
+        runInChildProcess {
+            weak var weakFirst: Promise<Int>?
+            do {
+                let first = Promise<Int>()
+                weakFirst = first
+                var p = first
+                for _ in 0..<100_000 {
+                    let next = Promise<Int>()
+                    p.resolve(with: next)  // `next` holds `p` (its observer) until it settles
+                    p = next
+                }
+            }
+            XCTAssertNil(weakFirst)
+        }
+    }
+}
