@@ -45,6 +45,13 @@ public struct DefaultExecutionContext: ExecutionContext {
 /// queued on the same thread and runs right after the handler returns, still before the
 /// outermost settling call returns: chains of any length run in constant stack depth.
 /// Never block in an immediate handler waiting for work queued behind it.
+///
+/// Ordering: immediate handlers run on whichever thread settles the promise, or on the
+/// registering thread if it had already settled. Handlers registered from one thread
+/// before the promise settles run in registration order; but a handler registered while
+/// another thread is settling may run at once on the registering thread, ahead of earlier
+/// handlers still queued on the settling thread (the spin model shows the interleaving:
+/// `make verify-deferred-order`). Use a serial queue where order across threads matters.
 public struct ImmediateExecutionContext: ExecutionContext {
     init() {}
 

@@ -64,8 +64,8 @@
  * node back and owns it again. The C side never dereferences anything but `next` and
  * `fire`.
  *
- * The protocol is small enough to model-check; the model, when present, lives in
- * Verification/ and names these functions step by step.
+ * The protocol is small enough to model-check: the spin model Verification/core.pml names
+ * these functions step by step (`make verify`; Verification/README.md says what it proves).
  */
 #ifndef CPROMISECORE_H
 #define CPROMISECORE_H

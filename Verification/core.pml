@@ -1,0 +1,719 @@
+/*
+ * core.pml: a Promela model of CPromiseCore's protocol, as written in
+ * Sources/CPromiseCore/CPromiseCore.c. Each step names the C function (and the C
+ * statement) it stands for. Run it with `make verify` (see Verification/README.md).
+ *
+ * Two models share this file; a verification run picks one:
+ *
+ *   (default)       the observer protocol of one promise: the state word, CAS push of
+ *                   observers (pc_observe), the claim CAS electing one settler among
+ *                   fulfil / reject / cancel / follow (pc_claim), publish-and-take with
+ *                   PC_FIRING and the late-registration loop (pc_publish), reversal and
+ *                   firing (pc_fire_in_order), registration that finds the promise settled
+ *                   and fires itself (pc_observe), registration from inside a fire
+ *                   callback.
+ *   -DREGISTRY      the cancellation registry of one settled promise (pc_children_push,
+ *                   pc_children_take, pc_family_set, pc_family) as the Swift layer drives it
+ *                   (AnyPromise.cancelOne, linkIntoParentChain, forEachLinkedChild): one
+ *                   or two cancellers against children that push links, possibly pruning
+ *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it).
+ *
+ * Deliberately broken variants (each must FAIL, `make verify-broken`):
+ *
+ *   -DBROKEN_PLAIN_STORE   pc_observe pushes with a plain load + store instead of the CAS:
+ *                          it does not re-check the word it read before writing it.
+ *   -DBROKEN_IGNORE_FIRING pc_observe fires itself as soon as it sees an outcome tag,
+ *                          ignoring PC_FIRING.
+ *   -DBROKEN_STALE_RETRY   pc_observe retries a failed CAS without reloading the word
+ *                          (a livelock: only the liveness run can see it).
+ *   -DREGISTRY -DBROKEN_DEKKER
+ *                          a child reads the family word before its push is visible (what
+ *                          the StoreLoad reordering allows if pc_children_push's full
+ *                          fetch-add were not a full barrier).
+ *
+ * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
+ * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
+ * by pc_drain when the outermost scope on that thread ends) and asserts that a registrar's
+ * bodies run in its registration order. The real protocol FAILS it: see the README.
+ *
+ * Assumption: sequential consistency. Every shared access is one atomic step; the
+ * release / acquire / full orderings of the C code are not modelled (ThreadSanitizer and
+ * the stress tests in Tests/CoreTests cover them). The per-thread trampoline (pc_defer,
+ * pc_drain) touches thread-local data only and is not modelled (but see DEFERRED_ORDER);
+ * neither is pc_detach (the owner's deinit, exclusive by contract).
+ *
+ * Words are integers: a node is a small id (1..), NULL is 0, and a state word is
+ * head * 8 + tags, as in the C code, where nodes are 8-byte aligned and the low three
+ * bits are PC_OUTCOME_MASK (3) and PC_FIRING (4).
+ */
+
+#define PENDING   0   /* PC_PENDING */
+#define FULFILLED 1   /* PC_FULFILLED */
+#define REJECTED  2   /* PC_REJECTED */
+#define CANCELLED 3   /* PC_CANCELLED */
+#define FOLLOWING 4   /* PC_FOLLOWING (claim word only) */
+#define FREE      0   /* PC_FREE (claim word only) */
+#define OUTCOME_MASK 3  /* PC_OUTCOME_MASK */
+#define FIRING    4   /* PC_FIRING */
+#define TAG_MASK  7   /* PC_TAG_MASK */
+
+#define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
+#define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
+
+#ifndef REGISTRY
+/* ======================================================================================
+ * Model 1: the observer protocol of one promise.
+ *
+ * Registrars (pc_observe callers):
+ *   A registers nodes 1 then 2, in sequence (its own registration order must be kept);
+ *   B registers node 3; C registers node 4.
+ *   The fire callback of node 1 registers node 5 (R) on the same promise, from whatever
+ *   thread fires node 1: the publisher while PC_FIRING is set, or A itself.
+ * Settlers (racing resolvers, Promise.fulfill / reject / cancel / resolve(with:)):
+ *   fulfil:  pc_claim(FREE -> FULFILLED)
+ *   reject:  pc_claim(FREE -> REJECTED)
+ *   cancel:  pc_claim(FREE -> CANCELLED) || pc_claim(FOLLOWING -> CANCELLED)
+ *   follow:  pc_claim(FREE -> FOLLOWING), then the followee settles (fulfilled) and its
+ *            FollowObserver runs pc_claim(FOLLOWING -> FULFILLED)
+ *   The winner stores the outcome value (`value`), then calls pc_publish.
+ * ====================================================================================== */
+
+#define NNODES   5
+#define TRIGGER  1           /* node whose fire callback registers R */
+#define R        5           /* the node registered from inside TRIGGER's fire callback */
+
+/* The registration that must precede n for its registrar (0: none). */
+#define PREV(n)  ((n) == 2 -> 1 : ((n) == R -> TRIGGER : 0))
+
+byte state = 0;              /* pc_promise.state: observer stack head | FIRING | outcome */
+byte claim = FREE;           /* pc_promise.claim */
+byte value = 0;              /* the outcome value, in memory the claim winner owns */
+byte nxt[NNODES + 1];        /* pc_node.next */
+
+/* Ghost state, for the properties only. */
+bit  fired[NNODES + 1];      /* node n has fired */
+byte pushOrder[NNODES + 1];  /* position of n in the linearisation of successful pushes */
+byte pushCount = 0;          /* successful pushes so far */
+byte firedPushed = 0;        /* pushed nodes fired so far */
+byte winners = 0;            /* claims that moved the claim word to an outcome */
+#ifdef DEFERRED_ORDER
+byte bodiesRun = 0;          /* deferred bodies of pushed nodes run so far (FIFO) */
+byte firedPos[NNODES + 1];   /* n was the k-th pushed node fired (0: fired itself) */
+#endif
+
+#define ALL_FIRED (fired[1] && fired[2] && fired[3] && fired[4] && fired[5])
+
+/* Registration order is the order of the successful pushes (the linearisation points);
+ * a node that fires itself (found the promise quiescent) registered after all of them. */
+inline record_push(n) {
+    pushCount++;
+    pushOrder[n] = pushCount
+}
+
+/* node->fire(node, promise) from pc_fire_in_order, on the publisher's thread. */
+inline fire_from_publisher(n) {
+    d_step {
+        assert(fired[n] == 0);                                  /* fires once */
+        assert((state & OUTCOME_MASK) == outcome);              /* after the publishing CAS */
+        assert(value == outcome && claim == outcome);           /* with the winning outcome */
+        assert(pushOrder[n] == firedPushed + 1);                /* in registration order */
+        assert(PREV(n) == 0 || fired[PREV(n)]);                 /* a registrar's order kept */
+        printf("%d: pc_publish fires node %d (outcome %d)\n", _pid, n, outcome);
+        firedPushed++;
+#ifdef DEFERRED_ORDER
+        firedPos[n] = firedPushed;
+#endif
+        fired[n] = 1;
+        pushOrder[n] = 0;              /* handed back: forget what no longer matters */
+        nxt[n] = 0;
+        if
+        :: n == TRIGGER -> reg = R     /* the callback registers R: see below */
+        :: else
+        fi
+    }
+}
+
+/* node->fire(node, promise) at the end of pc_observe, on the registrar's thread. */
+inline fire_self(n) {
+    d_step {
+        assert(fired[n] == 0);                                  /* fires once */
+        assert((state & OUTCOME_MASK) != PENDING);              /* after the publishing CAS */
+        assert(value != PENDING && value == (state & OUTCOME_MASK) && claim == value);
+        assert(pushOrder[n] == 0 && firedPushed == pushCount);  /* after every pushed node */
+        assert(PREV(n) == 0 || fired[PREV(n)]);                 /* a registrar's order kept */
+        printf("%d: node %d fires itself in pc_observe (outcome %d)\n", _pid, n, value);
+#ifdef DEFERRED_ORDER
+        /* an .immediate node defers its body; this pc_observe is the outermost scope on
+         * its thread, so pc_scope_leave drains it now: every earlier-registered body
+         * should have run */
+        printf("%d: node %d runs its deferred body\n", _pid, n);
+        /* its registrar's previous node: fired itself (body ran), or its body was drained */
+        assert(PREV(n) == 0 || firedPos[PREV(n)] <= bodiesRun);
+#endif
+        fired[n] = 1;
+        if
+        :: n == TRIGGER -> reg = R
+        :: else
+        fi
+    }
+}
+
+/* void pc_observe(pc_promise *promise, pc_node *node), CPromiseCore.c */
+inline pc_observe(node, seen, ok) {
+    seen = state;                                   /* seen = AO_load_acquire(&state) */
+    do
+    :: (seen & OUTCOME_MASK) != PENDING && ((seen & FIRING) == 0
+#ifdef BROKEN_IGNORE_FIRING
+                                            || true
+#endif
+                                           ) ->
+        break                                       /* settled and quiescent: fire below */
+    :: else ->
+#ifndef BROKEN_PLAIN_STORE
+        /* node->next = seen & ~TAG_MASK;  (node is private until the CAS: one step)
+         * was = AO_fetch_compare_and_swap_release(&state, seen, node | tags) */
+        d_step {
+            if
+            :: state == seen ->
+                nxt[node] = HEAD(seen);
+                state = WORD(node, seen & TAG_MASK);
+                printf("%d: pc_observe(node %d): CAS push, state (head %d, tags %d) -> (head %d, tags %d)\n",
+                       _pid, node, HEAD(seen), seen & TAG_MASK, node, seen & TAG_MASK);
+                record_push(node);
+                ok = true
+            :: else ->
+                printf("%d: pc_observe(node %d): CAS fails, expected (head %d, tags %d), word is (head %d, tags %d)\n",
+                       _pid, node, HEAD(seen), seen & TAG_MASK, HEAD(state), state & TAG_MASK);
+                ok = false
+            fi
+        };
+#else
+        /* BROKEN: node->next = head; state = node | tags, a plain store of the word read
+         * above, without re-checking that it still holds `seen`. */
+        nxt[node] = HEAD(seen);
+        d_step {
+            printf("%d: pc_observe(node %d): PLAIN STORE, state (head %d, tags %d) -> (head %d, tags %d)\n",
+                   _pid, node, HEAD(state), state & TAG_MASK, node, seen & TAG_MASK);
+            state = WORD(node, seen & TAG_MASK);
+            record_push(node)
+        };
+        ok = true;
+#endif
+        if
+        :: ok -> break                              /* was == seen: return */
+#ifndef BROKEN_STALE_RETRY
+        :: else -> seen = state                     /* seen = AO_load_acquire(&state) */
+#else
+        :: else -> skip                             /* BROKEN: retry with the stale word */
+#endif
+        fi
+    od;
+    if
+    :: ok -> skip                                   /* pushed: the settler fires it */
+    :: else -> fire_self(node)                      /* node->fire(node, promise) */
+    fi;
+    seen = 0;
+    ok = false
+}
+
+/* The claim word CAS: bool pc_claim(promise, expected, desired). */
+inline pc_claim(expected, desired, won) {
+    d_step {
+        if
+        :: claim == expected ->
+            printf("%d: pc_claim(%d -> %d) wins\n", _pid, expected, desired);
+            claim = desired;
+            if
+            :: desired != FOLLOWING ->
+                winners++;
+                assert(winners == 1)                /* exactly one settle wins */
+            :: else
+            fi;
+            won = true
+        :: else ->
+            won = false
+        fi
+    }
+}
+
+/* void pc_publish(pc_promise *promise), CPromiseCore.c, with pc_fire_in_order inlined. */
+inline pc_publish() {
+    outcome = claim;                                /* outcome = AO_load(&claim) */
+    assert(outcome >= FULFILLED && outcome <= CANCELLED);   /* pc_die: no outcome */
+    seen = state;                                   /* seen = AO_load(&state) */
+    assert((seen & TAG_MASK) == PENDING);           /* pc_die: published twice */
+    do
+    :: stack = HEAD(seen);
+        nextw = (stack != 0 -> (outcome | FIRING) : outcome);
+        /* was = AO_fetch_compare_and_swap_full(&state, seen, next);
+         * if (was != seen) { seen = was; continue; } */
+        d_step {
+            if
+            :: state == seen ->
+                printf("%d: pc_publish: CAS state (head %d, tags %d) -> (head 0, tags %d)\n",
+                       _pid, HEAD(seen), seen & TAG_MASK, nextw);
+                state = nextw; ok = true
+            :: else -> seen = state; ok = false
+            fi
+        };
+        if
+        :: !ok -> skip                              /* continue */
+        :: ok && stack == 0 -> break                /* quiescent: late observers fire themselves */
+        :: ok && stack != 0 ->
+            /* pc_fire_in_order: reverse the taken stack (now private to this thread) */
+            d_step {
+                ordered = 0;
+                do
+                :: stack != 0 ->
+                    n = nxt[stack]; nxt[stack] = ordered; ordered = stack; stack = n
+                :: else -> break
+                od;
+                n = 0
+            };
+            /* while (ordered) { next = ordered->next; ordered->fire(ordered, source); ... } */
+            do
+            :: ordered != 0 ->
+                n = ordered;
+                nx = nxt[n];                        /* read before fire */
+                fire_from_publisher(n);
+                if
+                :: reg != 0 ->                      /* inside the callback: pc_observe(R) */
+                    rnode = reg;
+                    reg = 0;
+                    pc_observe(rnode, rseen, rok);
+                    rnode = 0
+                :: else
+                fi;
+                ordered = nx
+            :: else -> break
+            od;
+            n = 0;
+            nx = 0;
+            seen = nextw                            /* seen = next; the CAS tells the rest */
+        fi
+    od;
+#ifdef DEFERRED_ORDER
+    /* pc_scope_leave -> pc_drain: the bodies the fire callbacks above deferred run now,
+     * in firing order, after the word went quiescent */
+    do
+    :: bodiesRun < firedPushed ->
+        d_step {
+            bodiesRun++;
+            printf("%d: pc_drain runs the deferred body of the %d-th pushed node\n", _pid, bodiesRun)
+        }
+    :: else -> break
+    od;
+#endif
+    seen = 0; stack = 0; nextw = 0; ok = false
+}
+
+/* Locals of the processes: pc_observe's (node, seen, ok, and a second set for the
+ * registration made from inside TRIGGER's fire callback), pc_publish's. */
+#define REGISTRAR_LOCALS \
+    bool ok, rok; \
+    byte seen, reg, rnode, rseen
+#define PUBLISHER_LOCALS \
+    REGISTRAR_LOCALS; \
+    bool won; \
+    byte outcome, stack, nextw, ordered, n, nx
+
+/* Promise.fulfill / reject / cancel: claim from FREE (cancel also takes over from
+ * FOLLOWING, AnyPromise.settleFailure), store the value, publish. */
+proctype Settler(byte kind) {
+    PUBLISHER_LOCALS;
+    pc_claim(FREE, kind, won);
+    if
+    :: !won && kind == CANCELLED -> pc_claim(FOLLOWING, CANCELLED, won)
+    :: else
+    fi;
+    if
+    :: won ->
+        value = kind;                               /* the winner stores the outcome value */
+        pc_publish()
+    :: else
+    fi
+}
+
+/* Promise.resolve(with:): lock as FOLLOWING; the followee then settles with `tag` and the
+ * FollowObserver's run claims FOLLOWING -> tag (it loses if a cancel took over). */
+proctype Follower(byte tag) {
+    PUBLISHER_LOCALS;
+    pc_claim(FREE, FOLLOWING, won);
+    if
+    :: won ->
+        pc_claim(FOLLOWING, tag, won);
+        if
+        :: won -> value = tag; pc_publish()
+        :: else
+        fi
+    :: else
+    fi
+}
+
+/* A thread that registers `count` nodes first, first + 1, ... in sequence. */
+proctype Registrar(byte first; byte count) {
+    REGISTRAR_LOCALS;
+    byte i = 0;
+    do
+    :: i < count ->
+        rnode = first + i;
+        pc_observe(rnode, seen, ok);
+        if
+        :: reg != 0 ->                              /* TRIGGER fired here: its callback */
+            rnode = reg;                            /* registers R (finds it quiescent) */
+            reg = 0;
+            pc_observe(rnode, rseen, rok)
+        :: else
+        fi;
+        i++
+    :: else -> break
+    od;
+    rnode = 0; i = 0
+}
+
+init {
+    atomic {
+        run Registrar(1, 2);            /* A: nodes 1, 2 */
+        run Registrar(3, 1);            /* B: node 3 */
+        run Registrar(4, 1);            /* C: node 4 */
+        run Settler(FULFILLED);
+        run Settler(REJECTED);
+        run Settler(CANCELLED);
+        run Follower(FULFILLED)
+    }
+    timeout;                            /* nothing can move: every call has returned (no
+                                           statement of the model blocks) */
+    assert(winners == 1);               /* exactly one settle won */
+    assert(ALL_FIRED)                   /* every registered observer fired */
+}
+
+/* Liveness, checked with `pan -a`: every run fires every observer. */
+ltl all_fire { <> ALL_FIRED }
+
+#else
+/* ======================================================================================
+ * Model 2: the cancellation registry of one promise P that settled (fulfilled).
+ *
+ * Canceller (AnyPromise.cancelOne(P) + the cancel work loop): settleFailure fails (P is
+ * fulfilled, not cancelled), pc_family_set(P, CANCEL_CLAIMED) wins, it stores the reason
+ * (forwardedCancelReason), pc_family_set(P, CANCEL_PUBLISHED), then
+ * forEachLinkedChild(reapplyingCancel: false): pc_children_take, queue every live child,
+ * push the links back, and cancel the queued children.
+ * Children 1..NCHILD (AnyPromise.linkIntoParentChain, in sourceDidSettle): each pushes
+ * its link (pc_children_push), may prune (forEachLinkedChild(reapplyingCancel: true),
+ * which addChildLink runs when the count hits a power of two: any push may here), then
+ * reads P's family word and cancels itself if CANCEL_PUBLISHED is set; otherwise its
+ * continuation runs and fulfils it (unless a cancel got there first).
+ *
+ * A child's cancel (AnyPromise.cancelOne(child)): settleFailure = pc_claim(child,
+ * FREE -> CANCELLED); failing that, if the child is not cancelled, pc_family_set(child,
+ * CANCEL_CLAIMED) for a settled child. Links are the children's ids.
+ * ====================================================================================== */
+
+#ifndef NCHILD
+#define NCHILD 3     /* children pushing links */
+#endif
+#ifndef NPRUNE
+#define NPRUNE 0     /* children 1..NPRUNE may prune after their push */
+#endif
+#ifndef NCANCEL
+#define NCANCEL 1    /* cancellers of P */
+#endif
+#define CLAIMED   2  /* PC_FAMILY_CANCEL_CLAIMED */
+#define PUBLISHED 4  /* PC_FAMILY_CANCEL_PUBLISHED */
+
+byte children = 0;           /* P.children: head of the link stack (0: NULL) */
+byte lnext[NCHILD + 1];      /* link->next */
+byte family = 0;             /* P.family: CANCEL_CLAIMED | CANCEL_PUBLISHED (LINKED and the
+                                count from bit 3 up are pruning bookkeeping: not modelled) */
+byte reason = 0;             /* P.forwardedCancelReason (0: none stored) */
+byte cclaim[NCHILD + 1];     /* each child's claim word */
+byte cfamily[NCHILD + 1];    /* each child's family word (CANCEL_CLAIMED) */
+
+/* Ghost state, for the properties only. */
+bit  pushed[NCHILD + 1];     /* the child's own link push happened */
+bit  takenByCanceller[NCHILD + 1];
+bit  sawPublished[NCHILD + 1];   /* the pusher read CANCEL_PUBLISHED after its push */
+bit  prunerSaw[NCHILD + 1];      /* a pruner that held the link saw CANCEL_PUBLISHED */
+bit  reached[NCHILD + 1];        /* child.cancel(reason:) was called */
+bit  settled[NCHILD + 1];        /* the child's claim moved to an outcome */
+bit  forwarded[NCHILD + 1];      /* CANCEL_CLAIMED was set on the (settled) child */
+
+/* uintptr_t pc_children_push(promise, link): CAS loop, then the full fetch-add. */
+inline pc_children_push(link) {
+    seen = children;                                /* seen = AO_load(&children) */
+    do
+    :: d_step {                                     /* link->next = seen; CAS release; */
+           if                                       /* on failure seen = was */
+           :: children == seen ->
+               printf("%d: pc_children_push(link %d) onto %d\n", _pid, link, seen);
+               lnext[link] = seen; children = link; ok = true
+           :: else -> seen = children; ok = false
+           fi
+       };
+       if
+       :: ok -> break
+       :: else
+       fi
+    od;
+    seen = 0; ok = false
+    /* AO_fetch_and_add_full(&family, PC_COUNT_ONE): the count is not modelled; its
+     * StoreLoad barrier orders the push before the pusher's next pc_family load, which
+     * sequential consistency gives every step of the model. */
+}
+
+/* pc_node *pc_children_take(promise): CAS loop to NULL; the taken stack goes to `list`. */
+inline pc_children_take(list) {
+    d_step {
+        seen = children;                            /* seen = AO_load(&children) */
+        if
+        :: seen == 0 -> printf("%d: pc_children_take finds the registry empty\n", _pid)
+        :: else
+        fi
+    };
+    list = 0;
+    do
+    :: seen == 0 -> break                           /* return NULL */
+    :: else ->
+        d_step {                                    /* CAS acquire (seen -> 0) */
+            if
+            :: children == seen ->
+                printf("%d: pc_children_take takes the stack headed by %d\n", _pid, seen);
+                children = 0; list = seen; ok = true
+            :: else -> seen = children; ok = false
+            fi
+        };
+        if
+        :: ok -> break
+        :: else
+        fi
+    od;
+    seen = 0; ok = false
+}
+
+/* bool pc_family_set(promise, bit): CAS loop (full) that sets `bit`; true for the one
+ * call that set it. */
+inline pc_family_set(bitv, won) {
+    seen = family;                                  /* seen = AO_load(&family) */
+    won = false;
+    do
+    :: (seen & bitv) != 0 -> break                  /* set by somebody else: false */
+    :: else ->
+        d_step {
+            if
+            :: family == seen ->
+                printf("%d: pc_family_set(%d): family %d -> %d\n", _pid, bitv, seen, seen | bitv);
+                family = seen | bitv; won = true
+            :: else -> seen = family
+            fi
+        };
+        if
+        :: won -> break
+        :: else
+        fi
+    od;
+    seen = 0
+}
+
+/* child.cancel(reason:) -> cancelOne(child); the child's own registry is empty here. */
+inline cancel_child(c) {
+    /* settleFailure: pc_claim(child, FREE, CANCELLED) */
+    d_step {
+        printf("%d: cancel(child %d)\n", _pid, c);
+        reached[c] = 1;
+        if
+        :: cclaim[c] == FREE ->
+            assert(!settled[c]);                    /* a child settles once */
+            cclaim[c] = CANCELLED; settled[c] = 1;
+            done = true
+        :: else -> done = false
+        fi
+    };
+    /* else if !isCancelled, pc_family_set(child, CANCEL_CLAIMED) (the claim is settled
+     * and stays so: isCancelled and the CAS are one step here) */
+    if
+    :: !done ->
+        d_step {
+            if
+            :: cclaim[c] != CANCELLED && (cfamily[c] & CLAIMED) == 0 ->
+                assert(!forwarded[c]);              /* a settled child is forwarded once */
+                cfamily[c] = cfamily[c] | CLAIMED; forwarded[c] = 1
+            :: else
+            fi
+        }
+    :: else
+    fi;
+    done = false
+}
+
+/* forEachLinkedChild(reapplyingCancel:): take, walk, push the (live) links back in their
+ * old order, forget; with reapplyingCancel, cancel them if P's reason is out. Every child
+ * is alive, so every link is kept. */
+inline for_each_linked_child(reapplying, byCanceller) {
+    pc_children_take(list);
+    /* walk the taken list (private now), newest first, into tk[] */
+    d_step {
+        nk = 0;
+        kept = 0;
+        do
+        :: list != 0 ->
+            tk[nk] = list; nk++;
+            kept = kept | (1 << list);
+            if
+            :: byCanceller -> takenByCanceller[list] = 1
+            :: else
+            fi;
+            list = lnext[list]
+        :: else -> break
+        od
+    };
+    /* for link in kept.reversed() { pc_children_push(link) }: oldest first */
+    do
+    :: nk > 0 ->
+        nk--;
+        l = tk[nk];
+        tk[nk] = 0;
+        pc_children_push(l);
+        l = 0
+    :: else -> break
+    od;
+    /* pc_children_forget(taken): bookkeeping only.
+     * if reapplyingCancel, !kept.isEmpty, let reason = cancelReasonForDescendants */
+    if
+    :: reapplying && kept != 0 && (family & PUBLISHED) != 0 ->
+        assert(reason != 0);                        /* the reason is visible */
+        c = 1;
+        do
+        :: c <= NCHILD ->
+            if
+            :: (kept & (1 << c)) != 0 -> prunerSaw[c] = 1; cancel_child(c)
+            :: else
+            fi;
+            c++
+        :: else -> break
+        od;
+        c = 0
+    :: else
+    fi
+}
+
+#define REGISTRY_LOCALS \
+    bool ok, won, done; \
+    byte seen, list, kept, l, c, nk; \
+    byte tk[NCHILD]
+
+/* cancel(reason:) on P: cancelOne(P), then the work loop over the children it queued. */
+proctype Canceller() {
+    REGISTRY_LOCALS;
+    /* settleFailure(P) fails (P is fulfilled); !isCancelled;
+     * pc_family_set(P, CANCEL_CLAIMED) */
+    pc_family_set(CLAIMED, won);
+    if
+    :: won ->
+        reason = 1;                                 /* forwardedCancelReason = reason */
+        pc_family_set(PUBLISHED, won);              /* pc_family_set(P, CANCEL_PUBLISHED) */
+        assert(won)
+    :: else
+    fi;
+    won = false;
+    for_each_linked_child(false, true);             /* work.append(child) for each link */
+    c = 1;                                          /* while let promise = work.popLast() */
+    do
+    :: c <= NCHILD ->
+        if
+        :: (kept & (1 << c)) != 0 -> cancel_child(c)
+        :: else
+        fi;
+        c++
+    :: else -> break
+    od;
+    c = 0; kept = 0
+}
+
+/* A child in flight after P settled: AnyPromise.linkIntoParentChain (from sourceDidSettle)
+ * pushes its link; then either P's cancel reason is out and it cancels itself, or its
+ * continuation runs and fulfils it (runContinuation: unless it was claimed meanwhile). */
+proctype Child(byte me) {
+    REGISTRY_LOCALS;
+#ifdef BROKEN_DEKKER
+    /* BROKEN: the pc_family load is satisfied before the push below is visible */
+    d_step {
+        done = ((family & PUBLISHED) != 0);
+        printf("%d: child %d reads pc_family (early): %d\n", _pid, me, family)
+    };
+#endif
+    pc_children_push(me);                           /* parent.addChildLink(ChildLink(me)) */
+    pushed[me] = 1;
+    if                                              /* count hit a power of two: prune */
+    :: me <= NPRUNE -> for_each_linked_child(true, false)
+    :: true
+    fi;
+    kept = 0;
+#ifndef BROKEN_DEKKER
+    /* if let reason = parent.cancelReasonForDescendants: pc_state(P) is FULFILLED, so
+     * pc_family(P) & CANCEL_PUBLISHED decides */
+    d_step {
+        done = ((family & PUBLISHED) != 0);
+        printf("%d: child %d reads pc_family: %d\n", _pid, me, family)
+    };
+#endif
+    if
+    :: done ->
+        assert(reason != 0);                        /* the reason is visible */
+        sawPublished[me] = 1;
+        done = false;
+        cancel_child(me)                            /* promise.cancel(reason: reason) */
+    :: else ->
+        d_step {                                    /* runContinuation: fulfil if free */
+            if
+            :: cclaim[me] == FREE ->
+                assert(!settled[me]);
+                cclaim[me] = FULFILLED; settled[me] = 1
+            :: else
+            fi
+        }
+    fi
+}
+
+#define COVERED(c) (!pushed[c] || takenByCanceller[c] || sawPublished[c] || prunerSaw[c])
+#define ENDED_CANCELLED(c) (cclaim[c] == CANCELLED || (cfamily[c] & CLAIMED) != 0)
+
+init {
+    byte c;
+    atomic {
+        run Canceller();
+#if NCANCEL > 1
+        run Canceller();
+#endif
+        c = 1;
+        do
+        :: c <= NCHILD -> run Child(c); c++
+        :: else -> break
+        od;
+        c = 0
+    }
+    timeout;                            /* every call has returned */
+    assert((family & PUBLISHED) != 0);  /* the cancel was published */
+    c = 1;
+    do
+    :: c <= NCHILD ->
+        /* no missed link: taken by the canceller, or its pusher saw CANCEL_PUBLISHED (or a
+         * pruner that held it did) */
+        assert(pushed[c] && COVERED(c));
+        /* so the cancel reached the child, which ended cancelled or forwarding it */
+        assert(reached[c] && ENDED_CANCELLED(c));
+        c++
+    :: else -> break
+    od
+}
+
+#if NCHILD == 2
+#define ALL_REACHED (reached[1] && reached[2])
+#elif NCHILD == 3
+#define ALL_REACHED (reached[1] && reached[2] && reached[3])
+#else
+#define ALL_REACHED (reached[1] && reached[2] && reached[3] && reached[4])
+#endif
+ltl all_reached { <> (ALL_REACHED && _nr_pr <= 1) }
+
+#endif

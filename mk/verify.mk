@@ -1,0 +1,88 @@
+# Model checking of the C core's protocol with spin (Verification/, see its README).
+#
+#   make verify          every run of Verification/core.pml must be exhaustive, error-free
+#   make verify-broken   every deliberately broken variant must fail with a trail
+#   make verify-deferred-order
+#                        shows (with a trail) that the deferred bodies of .immediate
+#                        observers need not run in registration order (README: findings)
+#
+# Runs go $(VERIFY_JOBS) at a time (make -j with --output-sync: each run's report stays
+# in one piece). Outputs (pan.c, pan, trails) go to $(VERIFY_DIR), never into the tree.
+
+SPIN          ?= spin
+VERIFY_DIR    ?= $(BUILD_DIR)/verify
+VERIFY_JOBS   ?= 2
+VERIFY_MODEL  := Verification/core.pml
+VERIFY_RUN    := SPIN='$(SPIN)' CC='$(CC)' bash Verification/run-pan.sh
+# Memory bound of one pan run, in MiB (the largest run needs about 2.4 GiB; two at once
+# stay far below a 24 GiB machine).
+VERIFY_MEMLIM ?= 8192
+# -w: pan.c is generated code; its warnings are not ours.
+PAN_CC        := -O2 -w -DMEMLIM=$(VERIFY_MEMLIM)
+PAN_SAFETY    := $(PAN_CC) -DSAFETY -DNOCLAIM
+PAN_LIVENESS  := $(PAN_CC)
+PAN_BROKEN    := -O2 -w -DMEMLIM=$(VERIFY_MEMLIM) -DSAFETY -DNOCLAIM -DREACH
+
+.PHONY: verify verify-broken verify-deferred-order verify-deps
+
+verify-deps:
+	@echo "==> verify-deps: looking for spin and a C compiler"
+	@SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	missing=; \
+	command -v $(SPIN) >/dev/null 2>&1 || missing="spin"; \
+	command -v $(CC) >/dev/null 2>&1 || missing="$$missing gcc"; \
+	if [ -z "$$missing" ]; then \
+		echo "    found: $$(command -v $(SPIN)), $$(command -v $(CC))"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "    missing:$$missing: installing with apt-get"; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; \
+	elif command -v brew >/dev/null 2>&1 && [ "$$missing" = spin ]; then \
+		echo "    missing: spin: installing with Homebrew"; \
+		brew install spin; \
+	else \
+		echo "    missing:$$missing, and no apt-get here: install it by hand" >&2; exit 1; \
+	fi
+
+# $(call verify_run,NAME,pass|fail,SPIN_DEFINES,PAN_CFLAGS,PAN_FLAGS): one pan run,
+# target verify-run-NAME, listed in VERIFY_pass_RUNS or VERIFY_fail_RUNS.
+define verify_run
+.PHONY: verify-run-$(1)
+verify-run-$(1):
+	@$$(VERIFY_RUN) $(2) $(1) $$(VERIFY_DIR) $$(VERIFY_MODEL) '$(3)' '$(4)' '$(5)'
+VERIFY_$(2)_RUNS += verify-run-$(1)
+endef
+
+# The observer protocol: 3 registrars (4 nodes + 1 registered from a fire callback),
+# 4 settlers (fulfil, reject, cancel, follow). The longest run first.
+$(eval $(call verify_run,observers-liveness,pass,,$(PAN_LIVENESS),-a -m100000 -w26))
+$(eval $(call verify_run,observers-safety,pass,,$(PAN_SAFETY),-m100000 -w26))
+# The cancellation registry: 1 canceller against 3 children; against 2 children that
+# also prune; 2 cancellers against 2 children.
+$(eval $(call verify_run,registry-dekker-safety,pass,-DREGISTRY -DNCHILD=3,$(PAN_SAFETY),-m100000 -w24))
+$(eval $(call verify_run,registry-dekker-liveness,pass,-DREGISTRY -DNCHILD=3,$(PAN_LIVENESS),-a -m100000 -w24))
+$(eval $(call verify_run,registry-prune-safety,pass,-DREGISTRY -DNCHILD=2 -DNPRUNE=2,$(PAN_SAFETY),-m100000 -w24))
+$(eval $(call verify_run,registry-prune-liveness,pass,-DREGISTRY -DNCHILD=2 -DNPRUNE=2,$(PAN_LIVENESS),-a -m100000 -w24))
+$(eval $(call verify_run,registry-2cancellers-safety,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_SAFETY),-m100000 -w24))
+$(eval $(call verify_run,registry-2cancellers-liveness,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_LIVENESS),-a -m100000 -w24))
+
+# Broken variants (-I: a shortened counterexample).
+$(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROKEN),-m100000 -w22 -I))
+$(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_BROKEN),-m100000 -w22 -I))
+$(eval $(call verify_run,broken-stale-retry,fail,-DBROKEN_STALE_RETRY,$(PAN_LIVENESS),-a -m100000 -w22))
+$(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKER,$(PAN_BROKEN),-m100000 -w22 -I))
+
+verify: verify-deps
+	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j$(VERIFY_JOBS) --output-sync=target $(VERIFY_pass_RUNS) && \
+	echo "==> verify: $(words $(VERIFY_pass_RUNS)) runs, all exhaustive, errors: 0 ($$(( $$(date +%s) - start )) s)"
+
+verify-broken: verify-deps
+	@echo "==> verify-broken: each broken variant must fail with a counterexample"
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j$(VERIFY_JOBS) --output-sync=target $(VERIFY_fail_RUNS) && \
+	echo "==> verify-broken: $(words $(VERIFY_fail_RUNS)) broken variants, all caught ($$(( $$(date +%s) - start )) s)"
+
+verify-deferred-order: verify-deps
+	@$(VERIFY_RUN) fail deferred-order $(VERIFY_DIR) $(VERIFY_MODEL) \
+		'-DDEFERRED_ORDER' '$(PAN_BROKEN)' '-m100000 -w22 -I'
