@@ -62,7 +62,8 @@ public class AnyPromise: @unchecked Sendable {
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs.
     @usableFromInline @exclusivity(unchecked) final var continuation: Continuation?
-    /// Where `continuation` runs.
+    /// Where `continuation` runs; nil for `.immediate` (runs inline through the core's
+    /// trampoline), which spares the existential's copy and destroy on the hot path.
     @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
 
@@ -178,8 +179,7 @@ public class AnyPromise: @unchecked Sendable {
         switch role {
         case .continuation:
             settledParentRetain = Unmanaged.passRetained(source)
-            let context = self.context.unsafelyUnwrapped
-            if context.isImmediate || source.cancelReasonForDescendants != nil {
+            guard let context, source.cancelReasonForDescendants == nil else {
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
             }
@@ -222,11 +222,10 @@ public class AnyPromise: @unchecked Sendable {
                 continuation = nil
                 return
             }
-            let context = self.context.unsafelyUnwrapped
-            if context.isImmediate {
-                runContinuation()
-            } else {
+            if let context {
                 context.execute { self.runContinuation() }
+            } else {
+                runContinuation()
             }
         case .following:
             role = .idle

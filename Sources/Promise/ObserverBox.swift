@@ -8,11 +8,12 @@ class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
     /// The promise that settled; set when the node fires, read when the box runs.
     @usableFromInline @exclusivity(unchecked) final var source: AnyPromise?
-    @usableFromInline final let context: any ExecutionContext
+    /// Where the observation runs; nil for `.immediate` (inline, through the trampoline).
+    @usableFromInline final let context: (any ExecutionContext)?
 
     @inlinable
     init(context: any ExecutionContext) {
-        self.context = context
+        self.context = context.isImmediate ? nil : context
     }
 
     /// Runs the observation once, on `context`, after `source` settled.
