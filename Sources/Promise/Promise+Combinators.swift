@@ -26,8 +26,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, _, input in
-            guard let output else { return }
+        return aggregate(promises, into: output, countdown: count) { aggregator, _, input in
             if input.isFulfilled {
                 guard aggregator.countDown() else { return }
                 output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
@@ -53,8 +52,8 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, _, _ in
-            guard let output, aggregator.countDown() else { return }
+        return aggregate(promises, into: output, countdown: count) { aggregator, _, _ in
+            guard aggregator.countDown() else { return }
             output.fulfill((0..<count).map { aggregator.result(at: $0, as: Value.self) })
         }
     }
@@ -74,8 +73,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { [weak output] aggregator, index, input in
-            guard let output else { return }
+        return aggregate(promises, into: output, countdown: count) { aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else if aggregator.countDown() {
@@ -96,8 +94,7 @@ extension Promise {
     public static func race(_ promises: [Promise<Value>]) -> Promise<Value> {
         let output = Promise<Value>()
         guard !promises.isEmpty else { return output }
-        return aggregate(promises, into: output, countdown: promises.count) { [weak output] aggregator, index, input in
-            guard let output else { return }
+        return aggregate(promises, into: output, countdown: promises.count) { aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else {
@@ -119,8 +116,7 @@ extension Promise {
         var inputs: [AnyPromise] = [self]
         for other in repeat each others { inputs.append(other) }
         let output = Promise<(Value, repeat each Other)>()
-        return Self.aggregate(inputs, into: output, countdown: inputs.count) { [weak output] aggregator, _, input in
-            guard let output else { return }
+        return Self.aggregate(inputs, into: output, countdown: inputs.count) { aggregator, _, input in
             guard input.isFulfilled else {
                 output.reject(input.failureForAggregate)
                 return
@@ -137,6 +133,12 @@ extension Promise {
 
     /// Wires `inputs` to `output` through an `Aggregator`, forwarding the output's
     /// cancellation to the inputs still pending.
+    ///
+    /// Ownership: the aggregator is the output's resolver, so it holds the output
+    /// strongly (`inputSettled` captures it) and is itself held by the inputs it observes;
+    /// a caller that keeps only a child of the output still gets its value. The output's
+    /// `onCancel` holds the aggregator weakly, so no cycle forms: once the inputs are
+    /// gone (settled or dropped), the aggregator and an unreferenced output are freed.
     static func aggregate<Output: Sendable>(
         _ inputs: [AnyPromise],
         into output: Promise<Output>,
@@ -144,7 +146,9 @@ extension Promise {
         _ inputSettled: @escaping Aggregator.InputSettled
     ) -> Promise<Output> {
         let aggregator = Aggregator(inputs: inputs, countdown: countdown, inputSettled: inputSettled)
-        output.onCancel(withReason: { reason in aggregator.cancelPendingInputs(reason: reason) })
+        output.onCancel(withReason: { [weak aggregator] reason in
+            aggregator?.cancelPendingInputs(reason: reason)
+        })
         aggregator.start()
         return output
     }

@@ -82,6 +82,34 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try later.wait(timeout: .seconds(30)).last, 99_999)
     }
 
+    func testAggregatesKeepTheirOutputAliveWhenOnlyAChildIsHeld() throws {
+        // Regression: the output must be held by the aggregate (its resolver), not only by
+        // the user; a child holds a pending parent weakly.
+        func later(_ value: Int) -> Promise<Int> {
+            let promise = Promise<Int>()
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(20)) { promise.fulfill(value) }
+            return promise
+        }
+        XCTAssertEqual(try Promise.all([later(1), later(2)]).then { $0.reduce(0, +) }.wait(timeout: .seconds(10)), 3)
+        XCTAssertEqual(try Promise.race([later(4), later(5)]).then { $0 > 0 }.wait(timeout: .seconds(10)), true)
+        XCTAssertEqual(try Promise.any([later(6)]).then { $0 }.wait(timeout: .seconds(10)), 6)
+        XCTAssertEqual(try Promise.allSettled([later(7)]).then { $0.count }.wait(timeout: .seconds(10)), 1)
+        XCTAssertEqual(try later(8).and(later(9)).then { $0 + $1 }.wait(timeout: .seconds(10)), 17)
+    }
+
+    func testADroppedAggregateOfDroppedInputsIsFreed() {
+        weak var weakOutput: Promise<[Int]>?
+        weak var weakInput: Promise<Int>?
+        do {
+            let input = Promise<Int>()
+            let output = Promise.all([input, Promise<Int>()])
+            weakOutput = output
+            weakInput = input
+        }
+        XCTAssertNil(weakInput)
+        XCTAssertNil(weakOutput)
+    }
+
     // MARK: and
 
     func testAndCombinesDifferentTypesIntoATuple() throws {
