@@ -25,6 +25,10 @@ help:
 	@echo "make integration  build and run IntegrationTests/Consumer (an outside package, warnings as errors)"
 	@echo "make api-check  compare the public API with Scripts/public-api.txt (make api-update rewrites it)"
 	@echo "make demo       run the demo program (Examples/)"
+	@echo "make docs       build the DocC archive of Promise (Examples/Docs, swift-docc-plugin; warnings fail)"
+	@echo "make server-load  run the Examples/ SwiftNIO server under wrk on 127.0.0.1, checking every response"
+	@echo "make examples-test  build Examples/ with warnings as errors and run PromiseNIO's tests"
+	@echo "make verify     model-check the core's protocol with spin (make verify-broken: the checks bite)"
 	@echo "make clean      remove build outputs"
 
 deps:
@@ -67,4 +71,4 @@ demo: deps
 
 clean:
 	@echo "==> clean"
-	rm -rf $(BUILD_DIR) Examples/.build IntegrationTests/Consumer/.build .build-api
+	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build .build-api

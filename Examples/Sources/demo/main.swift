@@ -12,7 +12,7 @@ func say(_ text: String) {
 
 struct LookupError: Error, CustomStringConvertible {
     let key: String
-    var description: String { "no entry for \(key)" }
+    var description: String { key.isEmpty ? "no entry for an empty key" : "no entry for \(key)" }
 }
 
 /// A slow lookup: the promise is fulfilled later, from a background queue.

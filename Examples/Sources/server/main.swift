@@ -1,0 +1,114 @@
+// An HTTP server on SwiftNIO whose request handler is built from promises.
+//
+//   GET /order/<id>   five parallel lookups on the backend loops, joined with all/and,
+//                     bounded by a timeout, rendered on the channel's loop:
+//                     "id=42 user=user-42 price=95 stock=6 total=570"
+//   GET /health       "ok"
+//
+// Listens on 127.0.0.1 only. `make server-load` builds it, starts it, loads it with wrk
+// and checks every response (Examples/LoadTest/). By hand:
+//
+//   swift run -c release server --port 8080
+//   curl http://127.0.0.1:8080/order/42
+//
+// Options: --port N (0 picks a free port; default 8080), --port-file PATH (writes the
+// bound port there once listening), --threads N (event loops for connections and for the
+// backend each; default: the number of cores), --deadline-ms N (per order; default 1000).
+// SIGTERM or SIGINT stops it and prints how many requests it answered.
+import Dispatch
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+struct Options {
+    var port = 8080
+    var portFile: String?
+    var threads = System.coreCount
+    var deadlineMilliseconds = 1000
+
+    init(_ arguments: [String]) throws {
+        var rest = arguments.dropFirst()
+        while let flag = rest.popFirst() {
+            guard let value = rest.popFirst() else { throw UsageError("\(flag) needs a value") }
+            switch flag {
+            case "--port": port = try Self.number(value, for: flag)
+            case "--port-file": portFile = value
+            case "--threads": threads = max(1, try Self.number(value, for: flag))
+            case "--deadline-ms": deadlineMilliseconds = try Self.number(value, for: flag)
+            default: throw UsageError("unknown option \(flag)")
+            }
+        }
+    }
+
+    private static func number(_ text: String, for flag: String) throws -> Int {
+        guard let value = Int(text), value >= 0 else { throw UsageError("\(flag): not a number: \(text)") }
+        return value
+    }
+}
+
+struct UsageError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Prints a line and flushes it at once (stdout is a file under `make server-load`).
+func say(_ line: String) {
+    print(line)
+    fflush(nil)
+}
+
+let options: Options
+do {
+    options = try Options(CommandLine.arguments)
+} catch {
+    FileHandle.standardError.write(Data("server: \(error)\nusage: server [--port N] [--port-file PATH] [--threads N] [--deadline-ms N]\n".utf8))
+    exit(2)
+}
+
+let connections = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
+let backend = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
+let service = OrderService(backend: backend, deadline: .milliseconds(options.deadlineMilliseconds))
+let counters = Counters()
+
+let bootstrap = ServerBootstrap(group: connections)
+    .serverChannelOption(.backlog, value: 256)
+    .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+    .childChannelInitializer { channel in
+        channel.eventLoop.makeCompletedFuture {
+            try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+            try channel.pipeline.syncOperations.addHandler(HTTPHandler(service: service, counters: counters))
+        }
+    }
+    .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+    .childChannelOption(.maxMessagesPerRead, value: 16)
+
+let channel: any Channel
+do {
+    channel = try bootstrap.bind(host: "127.0.0.1", port: options.port).wait()
+} catch {
+    FileHandle.standardError.write(Data("server: cannot listen on 127.0.0.1:\(options.port): \(error)\n".utf8))
+    exit(1)
+}
+let port = channel.localAddress?.port ?? options.port
+say("server: listening on http://127.0.0.1:\(port) (\(options.threads) connection loops, \(options.threads) backend loops)")
+if let portFile = options.portFile {
+    try String(port).write(toFile: portFile, atomically: true, encoding: .utf8)
+}
+
+// Stop on SIGTERM / SIGINT: close the listening socket; the main thread then shuts down.
+var signalSources: [any DispatchSourceSignal] = []
+for signalNumber in [SIGTERM, SIGINT] {
+    signal(signalNumber, SIG_IGN)
+    let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+    // @Sendable: runs on a global queue, not on the main actor of this top-level code.
+    source.setEventHandler { @Sendable in channel.close(promise: nil) }
+    source.resume()
+    signalSources.append(source)
+}
+
+try channel.closeFuture.wait()
+try connections.syncShutdownGracefully()
+try backend.syncShutdownGracefully()
+let (ok, failed) = counters.snapshot
+say("server: stopped; answered \(ok + failed) requests: \(ok) ok, \(failed) not ok")

@@ -1,0 +1,111 @@
+import NIOCore
+import NIOPosix
+import Promise
+import PromiseNIO
+import XCTest
+
+private struct Boom: Error, Equatable {}
+
+final class PromiseNIOTests: XCTestCase {
+    private var group: MultiThreadedEventLoopGroup!
+
+    override func setUp() {
+        group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+    }
+
+    override func tearDown() {
+        try? group.syncShutdownGracefully()
+        group = nil
+    }
+
+    func testHandlersRunOnTheLoop() throws {
+        let loop = group.next()
+        let onLoop = Promise<Int>(on: .default) { 1 }.then(on: .eventLoop(loop)) { _ in loop.inEventLoop }
+        XCTAssertTrue(try onLoop.wait(timeout: .seconds(5)))
+        let viaProperty = Promise(value: 2).then(on: loop.executionContext) { _ in loop.inEventLoop }
+        XCTAssertTrue(try viaProperty.wait(timeout: .seconds(5)))
+    }
+
+    func testNoZalgoOnTheLoopItself() throws {
+        let loop = group.next()
+        // Registered on the loop, on a settled promise: the handler must not run inside `then`.
+        let ranInside = try loop.submit { () -> Bool in
+            final class Flag: @unchecked Sendable { var value = false }
+            let flag = Flag()
+            Promise(value: 1).then(on: .eventLoop(loop)) { _ in flag.value = true }
+            return flag.value
+        }.wait()
+        XCTAssertFalse(ranInside)
+    }
+
+    func testHandlersOnOneLoopRunInRegistrationOrder() throws {
+        let loop = group.next()
+        let ready = Promise<Void>()
+        let steps = (0..<100).map { index in ready.then(on: .eventLoop(loop)) { index } }
+        final class Order: @unchecked Sendable { var seen: [Int] = [] }
+        let order = Order()
+        let recorded = steps.map { step in step.then(on: .eventLoop(loop)) { order.seen.append($0) } }
+        ready.fulfill(())
+        for step in recorded { try step.wait(timeout: .seconds(5)) }
+        XCTAssertEqual(order.seen, Array(0..<100))
+    }
+
+    func testFutureResultSucceedsFailsAndCancels() throws {
+        let loop = group.next()
+        XCTAssertEqual(try Promise(value: 7).futureResult(on: loop).wait(), 7)
+
+        let pending = Promise<Int>()
+        let future = pending.futureResult(on: loop)
+        pending.fulfill(8)
+        XCTAssertEqual(try future.wait(), 8)
+
+        XCTAssertThrowsError(try Promise<Int>(error: Boom()).futureResult(on: loop).wait()) {
+            XCTAssertEqual($0 as? Boom, Boom())
+        }
+
+        let cancelled = Promise<Int>()
+        let cancelledFuture = cancelled.futureResult(on: loop)
+        cancelled.cancel()
+        XCTAssertThrowsError(try cancelledFuture.wait()) { XCTAssertTrue($0 is CancellationError) }
+    }
+
+    func testFutureOfAnAbandonedPromiseFails() throws {
+        let loop = group.next()
+        var promise: Promise<Int>? = Promise<Int>()
+        let future = promise!.futureResult(on: loop)
+        promise = nil  // nothing can settle it any more
+        XCTAssertThrowsError(try future.wait()) {
+            XCTAssertEqual($0 as? PromiseNIOError, .promiseAbandoned)
+        }
+    }
+
+    func testPromiseFromFuture() throws {
+        let loop = group.next()
+        let succeeded = loop.makePromise(of: Int.self)
+        let fromFuture = Promise(succeeded.futureResult).then(on: .immediate) { ($0, loop.inEventLoop) }
+        succeeded.succeed(9)
+        let (value, onLoop) = try fromFuture.wait(timeout: .seconds(5))
+        XCTAssertEqual(value, 9)
+        XCTAssertTrue(onLoop, "settles on the future's loop, so .immediate handlers run there")
+
+        let failed = loop.makeFailedFuture(Boom()).map { (_: Void) in 0 }.promise()
+        XCTAssertThrowsError(try failed.wait(timeout: .seconds(5))) { XCTAssertEqual($0 as? Boom, Boom()) }
+    }
+
+    func testCancellingAPromiseFromAFutureIgnoresTheLateCompletion() throws {
+        let loop = group.next()
+        let nio = loop.makePromise(of: Int.self)
+        let promise = Promise(nio.futureResult)
+        promise.cancel()
+        nio.succeed(1)
+        XCTAssertTrue(promise.isCancelled)
+    }
+
+    func testAwaitingAcrossTheBridge() async throws {
+        let loop = group.next()
+        let value = try await Promise(loop.makeSucceededFuture(41)).then(on: .eventLoop(loop)) { $0 + 1 }.value
+        XCTAssertEqual(value, 42)
+        let back = try await Promise(value: 5).futureResult(on: loop).get()
+        XCTAssertEqual(back, 5)
+    }
+}

@@ -1,0 +1,82 @@
+# Examples and documentation (issue 7). Examples/ is a package of its own (SwiftNIO is
+# its dependency, never the library's); Examples/Docs is a docs-only package that holds
+# the swift-docc-plugin.
+#
+#   make demo            (main Makefile) the guided tour, Examples/Sources/demo
+#   make examples-test   builds every example (warnings as errors) and runs PromiseNIO's tests
+#   make server          builds the example HTTP server (SERVER_CONFIG: release, or debug
+#                        for a quicker first build of SwiftNIO and a slower server)
+#   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
+#                        checks every response, stops it; fails on any wrong response,
+#                        non-2xx status or socket error; prints requests/s and latency
+#   make docs            the Promise module's DocC archive (into $(DOCS_OUT)), built by
+#                        the swift-docc-plugin; fails on any DocC warning and on any
+#                        public symbol without a doc comment and an example
+#
+# Builds go to Examples/.build and Examples/Docs/.build (both ignored by git).
+
+EXAMPLES_DIR     := Examples
+DOCS_PACKAGE     := $(EXAMPLES_DIR)/Docs
+DOCS_OUT         ?= $(EXAMPLES_DIR)/.build/docs
+DOCS_ARCHIVE     := $(DOCS_OUT)/Promise.doccarchive
+DOCS_LOG         := $(DOCS_OUT)/docs.log
+# Our own Swift code's warnings are errors; C flags stay off here, as they would also
+# reach SwiftNIO's C shims.
+EXAMPLES_FLAGS   := -Xswiftc -warnings-as-errors
+WRK              ?= wrk
+PYTHON           ?= python3
+SERVER_CONFIG    ?= release
+LOAD_SECONDS     ?= 5
+LOAD_THREADS     ?= 2
+LOAD_CONNECTIONS ?= 32
+
+.PHONY: examples-test server server-load wrk-deps docs
+
+examples-test: deps
+	@echo "==> examples-test: Examples/ (demo, PromiseNIO, server) with warnings as errors, PromiseNIO's tests"
+	cd $(EXAMPLES_DIR) && $(SWIFT) build --build-tests $(EXAMPLES_FLAGS)
+	cd $(EXAMPLES_DIR) && $(SWIFT) test --skip-build --disable-swift-testing
+
+server: deps
+	@echo "==> server: Examples/ HTTP server on SwiftNIO ($(SERVER_CONFIG))"
+	cd $(EXAMPLES_DIR) && $(SWIFT) build -c $(SERVER_CONFIG) --product server $(EXAMPLES_FLAGS)
+
+wrk-deps:
+	@echo "==> wrk-deps: looking for wrk"
+	@if command -v $(WRK) >/dev/null 2>&1; then \
+		echo "    found: $$(command -v $(WRK))"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "    missing: installing wrk with apt-get"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q wrk; \
+	elif command -v brew >/dev/null 2>&1; then \
+		echo "    missing: installing wrk with Homebrew"; \
+		brew install wrk; \
+	else \
+		echo "    missing, and no apt-get or brew here: install wrk by hand" >&2; exit 1; \
+	fi
+
+server-load: server wrk-deps
+	@echo "==> server-load: the example server on 127.0.0.1 under wrk ($(LOAD_THREADS) threads, $(LOAD_CONNECTIONS) connections, $(LOAD_SECONDS) s), every response checked"
+	@bin="$$(cd $(EXAMPLES_DIR) && $(SWIFT) build -c $(SERVER_CONFIG) --product server $(EXAMPLES_FLAGS) --show-bin-path)" && \
+		LOAD_SECONDS=$(LOAD_SECONDS) LOAD_THREADS=$(LOAD_THREADS) LOAD_CONNECTIONS=$(LOAD_CONNECTIONS) WRK=$(WRK) \
+		bash $(EXAMPLES_DIR)/LoadTest/server-load.sh "$$bin/server"
+
+docs: deps
+	@echo "==> docs: DocC archive of the Promise module (swift-docc-plugin in $(DOCS_PACKAGE)), warnings are errors"
+	@rm -rf $(DOCS_ARCHIVE) && mkdir -p $(DOCS_OUT)
+	@{ $(SWIFT) package --package-path $(DOCS_PACKAGE) \
+		--allow-writing-to-directory "$(abspath $(DOCS_OUT))" \
+		generate-documentation --target Promise \
+		--output-path "$(abspath $(DOCS_ARCHIVE))" \
+		--warnings-as-errors \
+		--experimental-documentation-coverage --coverage-summary-level brief 2>&1; \
+		echo $$? > $(DOCS_LOG).status; } | tee $(DOCS_LOG)
+	@status=$$(cat $(DOCS_LOG).status); \
+	warnings=$$(grep -ciE '(^|[^[:alnum:]])(warning|error):' $(DOCS_LOG) || true); \
+	echo "==> docs: DocC warnings and errors: $$warnings"; \
+	if [ "$$status" != 0 ] || [ "$$warnings" != 0 ]; then \
+		echo "==> docs: failed (exit status $$status; log: $(DOCS_LOG))" >&2; exit 1; \
+	fi
+	@$(PYTHON) $(DOCS_PACKAGE)/check-coverage.py $(DOCS_ARCHIVE)/documentation-coverage.json
+	@echo "==> docs: $(DOCS_ARCHIVE) (open it in Xcode, or serve the folder: it is laid out for static hosting)"
