@@ -1,0 +1,48 @@
+// swift-tools-version: 6.1
+//
+// The benchmark suite: its own package, so that the library's Package.swift stays free of
+// dependencies. Depends on the library by path, on ordo-one/benchmark (package-benchmark: runs,
+// percentiles, malloc counters) and on SwiftNIO (the baseline). Run it with `make bench`.
+import PackageDescription
+
+let package = Package(
+    name: "PromiseBenchmarks",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(name: "Promise", path: ".."),
+        .package(url: "https://github.com/ordo-one/benchmark", exact: "1.38.1",
+                 traits: ["MallocInterposer"]),
+        .package(url: "https://github.com/apple/swift-nio", "2.101.0"..<"2.102.0"),
+    ],
+    targets: [
+        // The cases, shared by the benchmark target and the profiling tool; the "lock"
+        // baseline (a Mutex-based promise) lives here too.
+        .target(
+            name: "BenchmarkCases",
+            dependencies: [
+                .product(name: "Promise", package: "Promise"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Cases"
+        ),
+        // package-benchmark finds benchmark targets by their folder's parent being named
+        // `Benchmarks`: this package's own folder.
+        .executableTarget(
+            name: "PromiseBenchmarks",
+            dependencies: [
+                "BenchmarkCases",
+                .product(name: "Benchmark", package: "benchmark"),
+            ],
+            path: "PromiseBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
+        // One case in a loop, for callgrind (not a benchmark: its folder's parent is Tools).
+        .executableTarget(
+            name: "PromiseProfile",
+            dependencies: ["BenchmarkCases"],
+            path: "Tools/PromiseProfile"
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
