@@ -46,7 +46,17 @@ public class AnyPromise: @unchecked Sendable {
 
     /// The parent, without keeping it alive (a pending parent holds its children until
     /// it fires them, so a strong link would be a retain cycle). Written only in `init`.
-    final weak var weakParent: AnyPromise?
+    final weak var weakParentLink: AnyPromise?
+
+    /// True when the parent had already settled when this child was created: then the
+    /// child holds it strongly from the start (no cycle is possible) and forms no weak
+    /// reference, which would give the parent a side table and slow reference counting.
+    final let parentSettledAtCreation: Bool
+
+    /// The parent, alive or nil (see `weakParentLink` and `parentSettledAtCreation`).
+    final var weakParent: AnyPromise? {
+        parentSettledAtCreation ? settledParent : weakParentLink
+    }
 
     /// The parent once it has settled: the continuation reads its outcome through this,
     /// and it keeps `parent` answering for as long as this promise lives. Never set while
@@ -77,7 +87,13 @@ public class AnyPromise: @unchecked Sendable {
 
     @usableFromInline
     init(parent: AnyPromise?) {
-        weakParent = parent
+        if let parent, parent.publishedTag != UInt(PC_PENDING) {
+            parentSettledAtCreation = true
+            settledParentRetain = Unmanaged.passRetained(parent)
+        } else {
+            parentSettledAtCreation = false
+            weakParentLink = parent
+        }
     }
 
     deinit {
@@ -178,7 +194,7 @@ public class AnyPromise: @unchecked Sendable {
     final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
         switch role {
         case .continuation:
-            settledParentRetain = Unmanaged.passRetained(source)
+            if !parentSettledAtCreation { settledParentRetain = Unmanaged.passRetained(source) }
             guard let context, source.cancelReasonForDescendants == nil else {
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return

@@ -31,8 +31,12 @@ extension Promise {
     /// Cancelling the awaiting Task cancels only this waiter, which then throws
     /// `CancellationError`: the promise and its other observers are untouched. An already
     /// settled promise returns without suspending.
+    @inlinable
     public var value: Value {
-        get async throws { try await result.get() }
+        get async throws {
+            if let settled = settledResult { return try settled.get() }  // no suspension
+            return try await awaitOutcome().get()
+        }
     }
 
     /// The outcome as a `Result`, awaited without blocking a thread. If the awaiting
@@ -45,21 +49,28 @@ extension Promise {
     /// case .failure(let error): report(error)
     /// }
     /// ```
+    @inlinable
     public var result: Result<Value, any Error> {
         get async {
-            if let settled = settledResult { return settled }
-            // The waiter is its own small promise following this one: the claim CAS
-            // decides whether the outcome or the Task's cancellation gets there first,
-            // and cancelling the waiter never touches the promise it follows.
-            let waiter = Promise<Value>()
-            return await withTaskCancellationHandler {
-                await withUnsafeContinuation { continuation in
-                    waiter.whenComplete(on: .immediate) { continuation.resume(returning: $0) }
-                    waiter.resolve(with: self)
-                }
-            } onCancel: {
-                waiter.cancel()
+            if let settled = settledResult { return settled }  // no suspension
+            return await awaitOutcome()
+        }
+    }
+
+    /// Suspends until the promise settles or the awaiting Task is cancelled.
+    @usableFromInline
+    func awaitOutcome() async -> Result<Value, any Error> {
+        // The waiter is its own small promise following this one: the claim CAS decides
+        // whether the outcome or the Task's cancellation gets there first, and cancelling
+        // the waiter never touches the promise it follows.
+        let waiter = Promise<Value>()
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                waiter.whenComplete(on: .immediate) { continuation.resume(returning: $0) }
+                waiter.resolve(with: self)
             }
+        } onCancel: {
+            waiter.cancel()
         }
     }
 }
