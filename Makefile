@@ -29,6 +29,8 @@ help:
 	@echo "make server-load  run the Examples/ SwiftNIO server under wrk on 127.0.0.1, checking every response"
 	@echo "make examples-test  build Examples/ with warnings as errors and run PromiseNIO's tests"
 	@echo "make verify     model-check the core's protocol with spin (make verify-broken: the checks bite)"
+	@echo "make bench      release benchmarks vs SwiftNIO, a mutex promise, continuations: one table"
+	@echo "make bench-check  fail if our mallocs per operation rose above Benchmarks/Thresholds/"
 	@echo "make clean      remove build outputs"
 
 deps:
