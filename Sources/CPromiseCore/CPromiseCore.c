@@ -115,9 +115,12 @@ void pc_observe(pc_promise *promise, pc_node *node) {
 /* ---- settling -------------------------------------------------------------------- */
 
 bool pc_claim(pc_promise *promise, uintptr_t expected, uintptr_t desired) {
-    /* No ordering needed: the claim only elects one settler. What the winner then stores
-     * is published by its own release CAS in pc_publish, and a loser touches nothing. */
-    return AO_compare_and_swap(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
+    /* full: the claim elects one settler (the outcome it then stores is published by its
+     * own release CAS in pc_publish), and it also hands over what the caller stored before
+     * the CAS: a promise that claims FOLLOWING first records the promise it follows, and a
+     * canceller that takes over from FOLLOWING reads that record after its own CAS
+     * (release on one side, acquire on the other; on x86 every CAS is full anyway). */
+    return AO_compare_and_swap_full(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
 }
 
 uintptr_t pc_claimed(const pc_promise *promise) {

@@ -76,6 +76,9 @@ public class AnyPromise: @unchecked Sendable {
     /// trampoline), which spares the existential's copy and destroy on the hot path.
     @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
+    /// Set (and read) by the thread firing this child when it sent the handler's error side
+    /// to the context because the parent was cancelled.
+    @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
 
     /// The promise this one follows because a handler returned it (owned work: a cancel
     /// reaches it). Weak: it holds us in its observer list until it settles.
@@ -171,12 +174,14 @@ public class AnyPromise: @unchecked Sendable {
     /// whose continuation ran, or a promise without parent that never observed).
     @usableFromInline
     final func follow(_ source: AnyPromise) {
+        // The followed promise is work this promise owns: cancelling us cancels it. Stored
+        // before the claim, whose CAS publishes it to a canceller that takes over from
+        // FOLLOWING (and reads it after its own CAS).
+        followee = source
         guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
-        // The followed promise is work this promise owns: cancelling us cancels it.
-        followee = source
         linkIntoParentChain()
         observe(source, as: .following)
         if let reason = weakParent?.cancelReasonForDescendants {
@@ -195,8 +200,19 @@ public class AnyPromise: @unchecked Sendable {
         switch role {
         case .continuation:
             if !parentSettledAtCreation { settledParentRetain = Unmanaged.passRetained(source) }
-            guard let context, source.cancelReasonForDescendants == nil else {
-                deferOnThisThread()  // runs right after the current firing, no recursion
+            guard let context else {
+                deferOnThisThread()  // immediate: runs right after the current firing, no recursion
+                return
+            }
+            if source.cancelReasonForDescendants != nil {
+                // The error side goes to the context now, in registration order with the
+                // other observers on it; cancelling this child itself is deferred (stack
+                // safety) but still happens before the settling call returns.
+                if source.isCancelled, continuation?.hasErrorSide == true {
+                    errorSideDispatched = true
+                    context.execute { self.runContinuation() }
+                }
+                deferOnThisThread()
                 return
             }
             // In flight after the parent settled: a later cancel must still reach us.
@@ -234,15 +250,12 @@ public class AnyPromise: @unchecked Sendable {
             // cancelled parent still gives the handler its error side, for clean-up; a
             // settled parent whose cancel is being forwarded gives it nothing to run.
             cancel(reason: reason)
-            guard parent.isCancelled, let handler = continuation, handler.hasErrorSide else {
+            if errorSideDispatched { return }  // already on its context: do not touch it here
+            guard context == nil, parent.isCancelled, let handler = continuation, handler.hasErrorSide else {
                 continuation = nil
                 return
             }
-            if let context {
-                context.execute { self.runContinuation() }
-            } else {
-                runContinuation()
-            }
+            runContinuation()  // immediate: the error side inline
         case .following:
             role = .idle
             publishClaimedOutcome()
@@ -257,7 +270,8 @@ public class AnyPromise: @unchecked Sendable {
     final func runContinuation() {
         guard let handler = continuation, let parent = settledParent else { return }
         continuation = nil
-        role = .idle
+        // `role` stays `.continuation` (the settling thread may still read it in
+        // `runDeferred` while this runs on the context); `follow` moves it on.
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
         if !parentCancelled && claimHint != UInt(PC_FREE) { return }
         handler.run(parent, self)

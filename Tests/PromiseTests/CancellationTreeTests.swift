@@ -194,6 +194,39 @@ final class CancellationTreeTests: XCTestCase {
         queue.resume()
     }
 
+    func testHandlersOfACancelledPromiseOnOneSerialQueueRunInRegistrationOrder() {
+        // Regression (stress suite): error sides of cancelled children were queued after
+        // later observers.
+        let queue = DispatchQueue(label: "order")
+        let log = OrderLog()
+        let promise = Promise<Int>()
+        promise.catch(on: queue) { _ in log.append(1) }
+        promise.whenComplete(on: queue) { _ in log.append(2) }
+        promise.always(on: queue) { log.append(3) }
+        _ = promise.recover(on: queue) { _ in log.append(4); return 0 }
+        promise.cancel()
+        queue.sync {}
+        XCTAssertEqual(log.all, [1, 2, 3, 4])
+    }
+
+    func testCancellingAChildWhileItStartsFollowingIsRaceFree() {
+        // Regression (TSan): `follow` published the followed promise without ordering
+        // against a canceller taking over from FOLLOWING. Meaningful under --sanitize=thread.
+        let queue = DispatchQueue(label: "follow")
+        for _ in 0..<300 {
+            let parent = Promise(value: 1)
+            let started = DispatchSemaphore(value: 0)
+            let child = parent.flatMap(on: queue) { value -> Promise<Int> in
+                started.signal()
+                return Promise<Int>(on: .default) { value }
+            }
+            started.wait()
+            child.cancel()
+            queue.sync {}
+            XCTAssertTrue(child.isCancelled || child.isFulfilled)
+        }
+    }
+
     // MARK: Races (bounded)
 
     func testCancelRacingFulfilAndRejectExactlyOneOutcomeEveryHandlerSeesItOnce() {
@@ -234,6 +267,14 @@ final class CancellationTreeTests: XCTestCase {
             XCTAssertEqual(ran.value, 75)
         }
     }
+}
+
+/// Records integers in order, thread-safely.
+private final class OrderLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var entries: [Int] = []
+    func append(_ value: Int) { lock.lock(); entries.append(value); lock.unlock() }
+    var all: [Int] { lock.lock(); defer { lock.unlock() }; return entries }
 }
 
 /// Records outcomes as strings, thread-safely.

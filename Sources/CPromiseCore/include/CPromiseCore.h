@@ -133,6 +133,8 @@ void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
 /*
  * Moves the claim word from `expected` to `desired` in one CAS; true for the one caller
  * that did. pc_claim(p, PC_FREE, outcome) elects the settler among racing resolvers.
+ * Full barrier: what a caller stored before a successful claim is visible to a caller
+ * whose later claim on the same word succeeds (FREE -> FOLLOWING, then FOLLOWING -> x).
  */
 bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired);
 
