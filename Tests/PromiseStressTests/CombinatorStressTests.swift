@@ -10,36 +10,6 @@ import Foundation
 import Promise
 import XCTest
 
-/// The final state of a promise of any value type, by value.
-enum Final<T: Equatable>: Equatable, CustomStringConvertible {
-    case pending
-    case fulfilled(T)
-    case rejected(ErrorTag)
-    case cancelled(ErrorTag)
-
-    init<V>(_ promise: Promise<V>, _ value: (V) -> T) {
-        let state = promise.state
-        guard state != .pending else {
-            self = .pending
-            return
-        }
-        do {
-            self = .fulfilled(value(try promise.wait()))
-        } catch {
-            self = state == .cancelled ? .cancelled(ErrorTag(error)) : .rejected(ErrorTag(error))
-        }
-    }
-
-    var description: String {
-        switch self {
-        case .pending: return "pending"
-        case .fulfilled(let v): return "fulfilled(\(v))"
-        case .rejected(let tag): return "rejected(\(tag))"
-        case .cancelled(let tag): return "cancelled(\(tag))"
-        }
-    }
-}
-
 final class CombinatorStressTests: XCTestCase {
     private struct Aggregates {
         let all: Promise<[Int]>

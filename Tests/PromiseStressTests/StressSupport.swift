@@ -61,19 +61,16 @@ enum ErrorTag: Equatable, Sendable, CustomStringConvertible {
     }
 }
 
-/// The settled state of a `Promise<Int>`, by value.
-enum Settled: Equatable, Sendable, CustomStringConvertible {
+/// The final state of a promise of any value type, by value (`value` maps the fulfilled
+/// value to something comparable).
+enum Final<T: Equatable & Sendable>: Equatable, Sendable, CustomStringConvertible {
     case pending
-    case fulfilled(Int)
+    case fulfilled(T)
     case rejected(ErrorTag)
     case cancelled(ErrorTag)
 
-    init(_ promise: Promise<Int>) {
-        self.init(promise, value: { $0 })
-    }
-
     /// Reads a settled promise without blocking (`wait` returns at once once settled).
-    init<T>(_ promise: Promise<T>, value: (T) -> Int) {
+    init<V>(_ promise: Promise<V>, _ value: (V) -> T) {
         let state = promise.state
         guard state != .pending else {
             self = .pending
@@ -95,6 +92,15 @@ enum Settled: Equatable, Sendable, CustomStringConvertible {
         case .rejected(let tag): return "rejected(\(tag))"
         case .cancelled(let tag): return "cancelled(\(tag))"
         }
+    }
+}
+
+/// The settled state of a `Promise<Int>`, by value.
+typealias Settled = Final<Int>
+
+extension Final where T == Int {
+    init(_ promise: Promise<Int>) {
+        self.init(promise, { $0 })
     }
 }
 
