@@ -60,7 +60,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#ifndef REGISTRY
+#if !defined(REGISTRY) && !defined(EPOCH)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -390,7 +390,7 @@ init {
 /* Liveness, checked with `pan -a`: every run fires every observer. */
 ltl all_fire { <> ALL_FIRED }
 
-#else
+#elif defined(REGISTRY)
 /* ======================================================================================
  * Model 2: the cancellation registry of one promise P that settled (fulfilled).
  *
@@ -715,5 +715,164 @@ init {
 #define ALL_REACHED (reached[1] && reached[2] && reached[3] && reached[4])
 #endif
 ltl all_reached { <> (ALL_REACHED && _nr_pr <= 1) }
+
+#else
+/* ======================================================================================
+ * Model 3 (-DEPOCH): a cancel of a settled ancestor against handlers that are running in
+ * no registry, and the forwarding epoch that keeps their check O(1).
+ *
+ * A chain R -> P -> C: R is a settled root; P's and C's handlers run (in the library:
+ * `.immediate`, on the thread that settles R, so in no registry) and each settles its
+ * promise with fulfillFromHandler: pc_claim(FREE -> FULFILLED), then
+ * cancelReasonFromAncestors (pc_forwarding_epoch, then each ancestor's family bit and
+ * recorded epoch, walking up until an ancestor verified the current epoch or is the
+ * root), then publish. C's handler starts once P has published. An unrelated settled
+ * promise X exists too.
+ *
+ * Cancellers (AnyPromise.cancelOne on a settled promise): pc_forwarding_begin,
+ * pc_family_set(CANCEL_PUBLISHED), pc_forwarding_end. One cancels R; one cancels X (it
+ * moves the epoch without touching the chain, so C has to walk); with -DCANCEL_P one
+ * cancels P itself (claiming it if its handler has not, else forwarding through it).
+ *
+ * Property: a promise settled by its handler ends fulfilled only if no ancestor carried
+ * a cancel (bit or cancelled state) when it claimed; otherwise it ends cancelled. That is
+ * the rule "a descendant whose outcome was decided before the cancel keeps it; every
+ * other one ends cancelled" (Cancellation.md).
+ *
+ * Broken variants (each must FAIL):
+ *   -DBROKEN_LATE_BEGIN    the canceller opens the epoch after setting the bit
+ *   -DBROKEN_ACTIVE_EQUAL  a child trusts an epoch read while a forward is in progress
+ *   -DBROKEN_PARENT_ONLY   a child looks at its parent alone, never walks up (the library
+ *                          before the epoch: a cancel of R missed C below a settled P)
+ * ====================================================================================== */
+
+#define ACTIVE_ONE 1      /* the low "bits": forwards in progress */
+#define EPOCH_ONE  4      /* PC_FORWARDING_EPOCH_ONE: at most 3 forwards at once here */
+#define QUIET(e)   ((e) % EPOCH_ONE == 0)
+#define UNVERIFIED 1      /* AncestorCheck.unverified: active bits set */
+#define NOANC      255    /* AncestorCheck.noAncestors */
+
+#define NP 1              /* promise ids: P and C (R is the root, X unrelated) */
+#define NC 2
+
+byte G = 0;               /* the forwarding word */
+bit  bitR = 0;            /* R.family & CANCEL_PUBLISHED */
+bit  bitP = 0;            /* P.family & CANCEL_PUBLISHED */
+bit  bitX = 0;
+byte claimOf[3];          /* claim words of P and C */
+bit  published[3];
+byte verified[3];         /* verifiedEpoch of P and C */
+bit  ancestorCancelAtClaim[3];   /* ghost: an ancestor carried a cancel when it claimed */
+
+/* An ancestor carries a cancel: PUBLISHED bit, or cancelled (P only: R is fulfilled). */
+#define P_CARRIES (bitP || (published[NP] && claimOf[NP] == CANCELLED))
+
+inline forward(bitv) {
+#ifndef BROKEN_LATE_BEGIN
+    G = G + ACTIVE_ONE;                     /* pc_forwarding_begin */
+    bitv = 1;                               /* pc_family_set(CANCEL_PUBLISHED) */
+#else
+    bitv = 1;                               /* BROKEN: the bit before the epoch opens */
+    G = G + ACTIVE_ONE;
+#endif
+    G = G + EPOCH_ONE - ACTIVE_ONE          /* pc_forwarding_end */
+}
+
+proctype CancelR() { forward(bitR) }
+proctype CancelX() { forward(bitX) }
+
+/* P.cancel(): settleFailure (FREE -> CANCELLED), or forward through the settled P. */
+proctype CancelP() {
+    bool won;
+    d_step {
+        won = (claimOf[NP] == FREE);
+        if :: won -> claimOf[NP] = CANCELLED :: else fi
+    };
+    if
+    :: won -> published[NP] = 1
+    :: else -> forward(bitP)
+    fi
+}
+
+/* After the claim: cancelReasonFromAncestors, then publish (cancelled or fulfilled). */
+inline check_and_publish(me) {
+    e = G;                                  /* pc_forwarding_epoch */
+    found = false;
+    if
+    :: me == NP ->                          /* parent R: a root */
+        found = bitR                        /* R.cancelReasonForDescendants */
+    :: else ->                              /* parent P */
+        found = P_CARRIES;
+        if
+        :: !found ->
+#if defined(BROKEN_PARENT_ONLY)
+            skip
+#elif !defined(BROKEN_ACTIVE_EQUAL)
+            if
+            :: QUIET(e) && verified[NP] == e -> skip          /* P verified this epoch */
+            :: else -> found = bitR                            /* walk on: R, the root */
+            fi
+#else
+            if
+            :: verified[NP] == e -> skip
+            :: else -> found = bitR
+            fi
+#endif
+        :: else
+        fi
+    fi;
+    if
+    :: found -> claimOf[me] = CANCELLED     /* turnClaimIntoCancel */
+    :: else -> verified[me] = (QUIET(e) -> e : UNVERIFIED)
+    fi;
+    published[me] = 1                       /* pc_publish */
+}
+
+proctype Handler(byte me) {
+    byte e; bool found, won;
+    if
+    :: me == NC -> published[NP]            /* C's handler starts once P has published */
+    :: else
+    fi;
+    if
+    :: me == NC && claimOf[NP] == CANCELLED ->
+        claimOf[NC] = CANCELLED; published[NC] = 1   /* fired by a cancelled parent */
+    :: else ->
+        d_step {                            /* pc_claim(FREE -> FULFILLED) */
+            won = (claimOf[me] == FREE);
+            if
+            :: won ->
+                claimOf[me] = FULFILLED;
+                ancestorCancelAtClaim[me] = (bitR || (me == NC && P_CARRIES))
+            :: else
+            fi
+        };
+        if
+        :: won -> check_and_publish(me)
+        :: else                             /* cancelled before its handler claimed */
+        fi
+    fi
+}
+
+init {
+    atomic {
+        verified[NP] = UNVERIFIED; verified[NC] = UNVERIFIED;
+        run CancelR();
+        run CancelX();
+#ifdef CANCEL_P
+        run CancelP();
+#endif
+        run Handler(NP);
+        run Handler(NC)
+    }
+    timeout;                                /* every call has returned */
+    assert(published[NP] && published[NC]);
+    /* fulfilled only if no ancestor carried a cancel at the claim */
+    assert(claimOf[NP] != FULFILLED || !ancestorCancelAtClaim[NP]);
+    assert(claimOf[NC] != FULFILLED || !ancestorCancelAtClaim[NC]);
+    /* and a cancel that came after R's descendants settled leaves them fulfilled */
+    assert(claimOf[NP] == CANCELLED || claimOf[NP] == FULFILLED);
+    assert(G % EPOCH_ONE == 0)              /* every forward ended */
+}
 
 #endif

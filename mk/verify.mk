@@ -64,12 +64,19 @@ $(eval $(call verify_run,registry-prune-safety,pass,-DREGISTRY -DNCHILD=2 -DNPRU
 $(eval $(call verify_run,registry-prune-liveness,pass,-DREGISTRY -DNCHILD=2 -DNPRUNE=2,$(PAN_LIVENESS),-a -m100000 -w24))
 $(eval $(call verify_run,registry-2cancellers-safety,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_SAFETY),-m100000 -w24))
 $(eval $(call verify_run,registry-2cancellers-liveness,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_LIVENESS),-a -m100000 -w24))
+# A cancel of a settled ancestor against handlers running in no registry, and the
+# forwarding epoch (R -> P -> C, cancels of R and of an unrelated promise; also of P).
+$(eval $(call verify_run,epoch-safety,pass,-DEPOCH,$(PAN_SAFETY),-m100000))
+$(eval $(call verify_run,epoch-cancel-parent-safety,pass,-DEPOCH -DCANCEL_P,$(PAN_SAFETY),-m100000))
 
 # Broken variants (-I: a shortened counterexample).
 $(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-stale-retry,fail,-DBROKEN_STALE_RETRY,$(PAN_LIVENESS),-a -m100000 -w22))
 $(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKER,$(PAN_BROKEN),-m100000 -w22 -I))
+$(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGIN,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"

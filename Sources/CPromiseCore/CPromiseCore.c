@@ -271,6 +271,36 @@ uintptr_t pc_family(const pc_promise *promise) {
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
 }
 
+/* ---- the forwarding epoch --------------------------------------------------------- */
+
+static volatile AO_t pc_forwarding_word;
+
+void pc_forwarding_begin(void) {
+    /* full: the StoreLoad half orders this increment before the PUBLISHED bit the caller
+     * sets next, so a handler's child whose claim CAS comes after that bit (both full
+     * barriers, one total order) reads a word that is either still in progress or later
+     * than this one, never the value its parent recorded before. */
+    (void)AO_fetch_and_add_full(&pc_forwarding_word, (AO_t)1);
+}
+
+void pc_forwarding_end(void) {
+    if (((uintptr_t)AO_load(&pc_forwarding_word) & PC_FORWARDING_ACTIVE_MASK) == 0) {
+        pc_die("pc_forwarding_end", "no forward in progress", 0);
+    } /* No ordering on that load: a sanity check of this thread's own begin. */
+    /* full: release publishes the PUBLISHED bit (and the reason before it) to a reader
+     * whose acquire load in pc_forwarding_epoch sees the advanced epoch. One fetch-and-add
+     * both ends this forward (-1) and advances the epoch (+EPOCH_ONE). */
+    (void)AO_fetch_and_add_full(&pc_forwarding_word, (AO_t)(PC_FORWARDING_EPOCH_ONE - 1u));
+}
+
+uintptr_t pc_forwarding_epoch(void) {
+    /* acquire: pairs with the release half of pc_forwarding_end, so the PUBLISHED bits of
+     * every forward that ended before the value read are visible to the caller's following
+     * pc_family loads. The caller's claim CAS before this load is a full barrier, which
+     * keeps the load from moving above the claim (the Dekker half of pc_forwarding_begin). */
+    return (uintptr_t)AO_load_acquire(&pc_forwarding_word);
+}
+
 /* ---- combinators ------------------------------------------------------------------ */
 
 uintptr_t pc_count_down(uintptr_t *counter) {

@@ -88,8 +88,15 @@ public class AnyPromise: @unchecked Sendable {
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
     @exclusivity(unchecked) final var forwardedCancelReason: (any Error)?
 
+    /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
+    /// claimed its outcome from a handler, found no cancel to take from its ancestors;
+    /// `AncestorCheck.unverified` if it never checked, `.noAncestors` for a root. Written by
+    /// the claim winner before it publishes; read by descendants after they saw it settled.
+    @usableFromInline @exclusivity(unchecked) final var verifiedEpoch: UInt
+
     @usableFromInline
     init(parent: AnyPromise?) {
+        verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
         if let parent, parent.publishedTag != UInt(PC_PENDING) {
             parentSettledAtCreation = true
             settledParentRetain = Unmanaged.passRetained(parent)
@@ -183,10 +190,14 @@ public class AnyPromise: @unchecked Sendable {
             return
         }
         linkIntoParentChain()
+        // Before observing: once observed, `source` may fire on another thread at once,
+        // and the adoption there runs the same check (it writes `verifiedEpoch` too).
+        if let reason = cancelReasonFromAncestors() {
+            cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
+            return
+        }
         observe(source, as: .following)
-        if let reason = weakParent?.cancelReasonForDescendants {
-            cancel(reason: reason)  // the parent was cancelled while we were linking
-        } else if isCancelled {
+        if isCancelled {
             source.cancel(reason: failure ?? CancellationError())  // cancelled meanwhile
         }
     }
@@ -226,7 +237,11 @@ public class AnyPromise: @unchecked Sendable {
         case .following:
             let tag = source.publishedTag
             if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
-                copyOutcome(from: source, tag: tag)
+                if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors() {
+                    turnClaimIntoCancel(from: UInt32(tag), reason: reason)
+                } else {
+                    copyOutcome(from: source, tag: tag)
+                }
                 deferOnThisThread()  // publishes right after the current firing
             } else {
                 retained.release()  // cancelled while following: nothing to adopt

@@ -47,7 +47,7 @@ extension Promise {
         do {
             follow(try body())
         } catch {
-            reject(error)
+            rejectFromHandler(error)
         }
     }
 }
@@ -59,9 +59,9 @@ extension Continuation {
         Continuation(hasErrorSide: false) { source, target in
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settle { try body(value) }
+                child.settleFromHandler { try body(value) }
             } else if let error = source.rejection {
-                child.reject(error)
+                child.rejectFromHandler(error)
             }
         }
     }
@@ -73,7 +73,7 @@ extension Continuation {
             if let value = source.fulfilledValue(as: T.self) {
                 child.settleFollowing { try body(value) }
             } else if let error = source.rejection {
-                child.reject(error)
+                child.rejectFromHandler(error)
             }
         }
     }
@@ -87,9 +87,9 @@ extension Continuation {
         Continuation(hasErrorSide: true) { source, target in
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settle { try onFulfilled(value) }
+                child.settleFromHandler { try onFulfilled(value) }
             } else if let error = source.rejection {
-                child.settle { try onRejected(error) }
+                child.settleFromHandler { try onRejected(error) }
             } else if let reason = source.cancellationReason {
                 _ = try? onRejected(reason)
             }
@@ -101,9 +101,9 @@ extension Continuation {
         Continuation(hasErrorSide: true) { source, target in
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfill(value)
+                child.fulfillFromHandler(value)
             } else if let error = source.rejection {
-                child.settle { try body(error) }
+                child.settleFromHandler { try body(error) }
             } else if let reason = source.cancellationReason {
                 _ = try? body(reason)
             }
@@ -115,7 +115,7 @@ extension Continuation {
         Continuation(hasErrorSide: true) { source, target in
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfill(value)
+                child.fulfillFromHandler(value)
             } else if let error = source.rejection {
                 child.settleFollowing { try body(error) }
             } else if let reason = source.cancellationReason {
@@ -131,9 +131,9 @@ extension Continuation {
         Continuation(hasErrorSide: true) { source, target in
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfill(value)
+                child.fulfillFromHandler(value)
             } else if let error = source.rejection {
-                child.reject(body(error))
+                child.rejectFromHandler(body(error))
             } else if let reason = source.cancellationReason {
                 _ = body(reason)
             }
@@ -146,10 +146,10 @@ extension Continuation {
         Continuation(hasErrorSide: true) { source, target in
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfill(value)
+                child.fulfillFromHandler(value)
             } else if let error = source.rejection {
                 body(error)
-                child.reject(error)
+                child.rejectFromHandler(error)
             } else if let reason = source.cancellationReason {
                 body(reason)
             }
@@ -163,9 +163,9 @@ extension Continuation {
             let child = unsafeDowncast(target, to: Promise<T>.self)
             body()
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfill(value)
+                child.fulfillFromHandler(value)
             } else if let error = source.rejection {
-                child.reject(error)
+                child.rejectFromHandler(error)
             }
         }
     }
@@ -175,12 +175,12 @@ extension Continuation {
         Continuation(hasErrorSide: false) { source, target in
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settle {
+                child.settleFromHandler {
                     guard try predicate(value) else { throw PromiseError.validationFailure }
                     return value
                 }
             } else if let error = source.rejection {
-                child.reject(error)
+                child.rejectFromHandler(error)
             }
         }
     }

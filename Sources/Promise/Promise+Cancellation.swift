@@ -48,9 +48,13 @@ extension AnyPromise {
         if settleFailure(reason, as: PC_CANCELLED) {
             if wasFollowing, let followee { work.append(followee) }
         } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
-            // Settled otherwise: remember the reason for descendants still to come.
+            // Settled otherwise: remember the reason for descendants still to come. The
+            // epoch brackets the bit so that descendants in no registry (a handler already
+            // running) see it when they claim (`cancelReasonFromAncestors`).
+            pc_forwarding_begin()
             forwardedCancelReason = reason
             _ = pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_PUBLISHED))
+            pc_forwarding_end()
         }
         forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
     }
@@ -61,6 +65,63 @@ extension AnyPromise {
         if publishedTag == UInt(PC_CANCELLED) { return failure ?? CancellationError() }
         guard pc_family(corePointer) & UInt(PC_FAMILY_CANCEL_PUBLISHED) != 0 else { return nil }
         return forwardedCancelReason
+    }
+
+    /// Called by a handler's child right after it claimed an outcome (or locked in to
+    /// follow a promise): the reason of a cancel that reached one of its ancestors before
+    /// that claim, which must then win over the handler's result; nil if there is none.
+    ///
+    /// Why it is needed: a cancel of a settled promise finds the descendants still in
+    /// flight through the registry, but a child whose `.immediate` handler is running is
+    /// in none (linking it would cost an allocation on the hottest path), and neither are
+    /// its settled, unlinked ancestors between it and the cancelled promise. So the child
+    /// looks up instead. Dekker-style: the canceller sets PUBLISHED, then its registry
+    /// walk; the child claims, then reads. Either the child's claim comes first (its
+    /// outcome stands: it had settled before the cancel) or it sees the bit.
+    ///
+    /// Cost: one look at the parent when no cancel of a settled promise ran anywhere since
+    /// the parent checked (the forwarding epoch it recorded is still current); otherwise a
+    /// walk up to the first ancestor that verified the current epoch, the root, or a
+    /// pending ancestor (whose own cancel still reaches its children by firing them).
+    @usableFromInline
+    final func cancelReasonFromAncestors() -> (any Error)? {
+        guard let parent = settledParent else { return nil }  // a root, or settled from outside
+        // After the claim CAS (a full barrier), so the load cannot move above it.
+        let epoch = UInt(pc_forwarding_epoch())
+        let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
+        var ancestor = parent
+        while true {
+            if let reason = ancestor.cancelReasonForDescendants { return reason }
+            let verified = ancestor.verifiedEpoch
+            if verified == AncestorCheck.noAncestors || (quiet && verified == epoch) { break }
+            // `weakParent`, not `settledParent`: an ancestor settled from outside may still
+            // be getting its settled parent stored by another thread.
+            guard let up = ancestor.weakParent, !up.isPending else { break }
+            ancestor = up
+        }
+        verifiedEpoch = quiet ? epoch : AncestorCheck.unverified
+        return nil
+    }
+
+    /// `reject` for a handler settling its child (see `fulfillFromHandler`).
+    @usableFromInline
+    final func rejectFromHandler(_ error: any Error) {
+        guard claim(from: PC_FREE, to: PC_REJECTED) else { return }
+        if let reason = cancelReasonFromAncestors() {
+            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
+        } else {
+            failure = error
+        }
+        publishClaimedOutcome()
+    }
+
+    /// Turns the outcome this thread claimed (not yet published) into a cancel with
+    /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail.
+    @usableFromInline
+    final func turnClaimIntoCancel(from claimed: UInt32, reason: any Error) {
+        let moved = claim(from: claimed, to: PC_CANCELLED)
+        precondition(moved, "a claimed outcome changed under its owner")
+        failure = reason
     }
 
     /// Registers `body` to run once if and when this promise is cancelled: the resolver
@@ -89,6 +150,14 @@ extension AnyPromise {
     final func onCancel(withReason body: @escaping @Sendable (any Error) -> Void) {
         CancelObserver(body: body).register(on: self)
     }
+}
+
+/// Sentinels of `AnyPromise.verifiedEpoch`. Both have forwarding-in-progress bits set,
+/// so neither equals an epoch read while no forward is in progress.
+@usableFromInline
+enum AncestorCheck {
+    @usableFromInline static let unverified: UInt = 1
+    @usableFromInline static let noAncestors: UInt = .max
 }
 
 // MARK: The registry of descendants in flight

@@ -142,6 +142,32 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         }
     }
 
+    /// `fulfill` for a handler settling the child it belongs to: once the outcome is
+    /// claimed, a cancel that reached an ancestor first wins over it (see
+    /// `cancelReasonFromAncestors`), so a handler that was already running when the tree
+    /// was cancelled leaves its child cancelled, not fulfilled.
+    @inlinable
+    func fulfillFromHandler(_ value: Value) {
+        guard claim(from: PC_FREE, to: PC_FULFILLED) else { return }
+        if let reason = cancelReasonFromAncestors() {
+            turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
+            publishClaimedOutcome()
+            return
+        }
+        storeValue(value)
+        publishClaimedOutcome()
+    }
+
+    /// `settle` for a handler settling its child (see `fulfillFromHandler`).
+    @inlinable
+    func settleFromHandler(_ body: () throws -> Value) {
+        do {
+            fulfillFromHandler(try body())
+        } catch {
+            rejectFromHandler(error)
+        }
+    }
+
     // MARK: Reading the outcome
 
     /// The outcome once published, nil while pending. A cancelled promise reads as

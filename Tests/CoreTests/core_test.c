@@ -988,6 +988,52 @@ static void race_summary(void *context, unsigned long rounds) {
            r->fired_by_settler, r->late_batch, r->fired_inline, r->mixed_rounds);
 }
 
+/* ---- the forwarding epoch ---------------------------------------------------------- */
+
+/* What a reader relies on: a begin marks a forward in progress, an end clears it and
+ * moves the epoch, so a value read before a forward never equals one read after it; and
+ * forwards racing on several threads end quiet, with the epoch moved once per forward. */
+enum { FORWARD_THREADS = 4, FORWARDS_PER_THREAD = 20000 };
+
+static void *forward_many(void *unused) {
+    (void)unused;
+    for (int i = 0; i < FORWARDS_PER_THREAD; i++) {
+        pc_forwarding_begin();
+        pc_forwarding_end();
+    }
+    return NULL;
+}
+
+static void test_forwarding_epoch(verdict *v) {
+    uintptr_t before = pc_forwarding_epoch();
+    CHECK(v, (before & PC_FORWARDING_ACTIVE_MASK) == 0, "quiet at the start: 0x%lx", (unsigned long)before);
+    pc_forwarding_begin();
+    uintptr_t during = pc_forwarding_epoch();
+    CHECK(v, (during & PC_FORWARDING_ACTIVE_MASK) == 1, "one forward in progress: 0x%lx", (unsigned long)during);
+    CHECK(v, during != before, "a begin changes the word");
+    pc_forwarding_begin();
+    pc_forwarding_end();
+    uintptr_t nested = pc_forwarding_epoch();
+    CHECK(v, (nested & PC_FORWARDING_ACTIVE_MASK) == 1, "still one in progress: 0x%lx", (unsigned long)nested);
+    CHECK(v, nested != during, "an end changes the word even while another forward runs");
+    pc_forwarding_end();
+    uintptr_t after = pc_forwarding_epoch();
+    CHECK(v, (after & PC_FORWARDING_ACTIVE_MASK) == 0, "quiet again: 0x%lx", (unsigned long)after);
+    CHECK(v, after - before == 2 * (uintptr_t)PC_FORWARDING_EPOCH_ONE, "two ends, two epochs");
+
+    pthread_t threads[FORWARD_THREADS];
+    for (int t = 0; t < FORWARD_THREADS; t++) {
+        CHECK(v, pthread_create(&threads[t], NULL, forward_many, NULL) == 0, "pthread_create");
+    }
+    for (int t = 0; t < FORWARD_THREADS; t++) {
+        pthread_join(threads[t], NULL);
+    }
+    uintptr_t raced = pc_forwarding_epoch();
+    CHECK(v, (raced & PC_FORWARDING_ACTIVE_MASK) == 0, "racing forwards end quiet: 0x%lx", (unsigned long)raced);
+    CHECK(v, raced - after == (uintptr_t)FORWARD_THREADS * FORWARDS_PER_THREAD * PC_FORWARDING_EPOCH_ONE,
+          "one epoch per forward");
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(void) {
@@ -1005,6 +1051,7 @@ int main(void) {
     run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
     run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
+    run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
 
     static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
     const stress_test racing_settlers = {

@@ -52,21 +52,16 @@ final class SettleFlipStressTests: XCTestCase {
         defer { crew.stop() }
         let log = ViolationLog()
         var bySettler = 0, inline = 0, roundsAtTheFlip = 0, earlyObserversFired = 0
-        var cancelOrderInversions = 0
-        let strictCancelOrder = StressConfiguration.strictKnownBugs
 
         runStressRounds("registration at the state flip", invariants: [
             "each observer exactly once (mixed forms and a burst of whenComplete per registrar)", "observers see the outcome", "children settle as specified",
             ".immediate runs on the settler (before settling returns) or inline in the registering call",
             "no Zalgo (other contexts never run on a racing thread)",
-            "one serial queue runs each registrar's handlers in registration order (cancelled promises: observers only)",
+            "one serial queue runs each registrar's handlers in registration order (cancelled promises too)",
         ], details: {
             ".immediate observers fired by the settler \(bySettler), inline at registration \(inline); "
                 + "rounds where the flip landed among the registrations \(roundsAtTheFlip); "
                 + "early observers fired \(earlyObserversFired)"
-                + (strictCancelOrder ? "" : "; registrar-rounds where, on a cancelled promise, a later registration "
-                    + "overtook an earlier child's handler on the serial queue (known bug, counted, not failed; "
-                    + "PROMISE_STRESS_STRICT=1 fails it): \(cancelOrderInversions)")
         }) { checker in
             let round = checker.round
             let promise = Promise<Int>()
@@ -200,19 +195,10 @@ final class SettleFlipStressTests: XCTestCase {
                     ran.sorted { $0.probe.snapshot.sequence < $1.probe.snapshot.sequence }
                         .map { "#\($0.index) \($0.form)" }.joined(separator: ", ") + " (promise \(outcome))"
                 }
-                if kind == 2 && !strictCancelOrder {
-                    // Known library bug (see the report / README): on a cancelled promise a
-                    // child's handler is dispatched from the settling thread's trampoline,
-                    // after the state went quiescent, so observers (whenComplete) and
-                    // children registered later (even inline, on another thread) can reach
-                    // the queue first. Observers among themselves must keep the order.
-                    checker.check(inOrder(ran.filter { !$0.form.hasChild }),
-                                  "serial queue ran seat \(seat)'s observers out of registration order: \(describe())")
-                    if !inOrder(ran) { cancelOrderInversions += 1 }
-                } else {
-                    checker.check(inOrder(ran),
-                                  "serial queue ran seat \(seat)'s handlers out of registration order: \(describe())")
-                }
+                // A cancelled promise too: its children's error sides go to the queue as the
+                // settler fires them, in order with the observers.
+                checker.check(inOrder(ran),
+                              "serial queue ran seat \(seat)'s handlers out of registration order: \(describe())")
             }
             bySettler += roundBySettler
             inline += roundInline

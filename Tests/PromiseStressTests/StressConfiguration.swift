@@ -24,15 +24,6 @@ enum StressConfiguration {
         ProcessInfo.processInfo.environment["PROMISE_STRESS_RSS_GROWTH_MIB"].flatMap(Int.init) ?? 64
     }
 
-    /// PROMISE_STRESS_STRICT=1 turns the checks for two known library bugs into failures
-    /// (they are counted and printed otherwise; see the report in the README section):
-    /// handlers on one serial queue running out of registration order on a cancelled
-    /// promise, and a forwarded cancel missing an `.immediate` child whose handler is
-    /// already running on the settling thread.
-    static var strictKnownBugs: Bool {
-        ProcessInfo.processInfo.environment["PROMISE_STRESS_STRICT"] == "1"
-    }
-
     /// How long one round may take to come to rest (threads done, every handler run,
     /// every promise settled) before it counts as a hang. Generous: sanitizer runs on two
     /// busy cores are slow.

@@ -61,6 +61,89 @@ final class CancellationTreeTests: XCTestCase {
         XCTAssertTrue(grandchild.isCancelled)
     }
 
+    /// A `.immediate` handler blocked on another thread until the test lets it go: the
+    /// child it settles is pending, in no registry, while a cancel of an ancestor runs.
+    private final class HeldHandler: @unchecked Sendable {
+        let entered = DispatchSemaphore(value: 0)
+        let proceed = DispatchSemaphore(value: 0)
+        func hold() { entered.signal(); proceed.wait() }
+    }
+
+    func testCancelOfTheSettledParentWinsOverAnImmediateHandlerAlreadyRunning() {
+        let held = HeldHandler()
+        let parent = Promise<Int>()
+        let child = parent.then(on: .immediate) { value -> Int in held.hold(); return value + 1 }
+        let grandchild = child.then(on: .immediate) { $0 + 1 }
+        let settler = DispatchGroup()
+        DispatchQueue.global().async(group: settler) { parent.fulfill(1) }  // runs the handler there
+        held.entered.wait()
+        XCTAssertTrue(parent.isFulfilled)
+        XCTAssertTrue(child.isPending, "its handler is still running")
+        parent.cancel(reason: Reason(tag: 7))  // returns while the handler still runs
+        held.proceed.signal()
+        XCTAssertEqual(settler.wait(timeout: .now() + testTimeoutSeconds), .success)
+        XCTAssertTrue(parent.isFulfilled, "a settled promise stays as it was")
+        XCTAssertThrowsError(try child.wait()) { XCTAssertEqual($0 as? Reason, Reason(tag: 7)) }
+        XCTAssertTrue(child.isCancelled, "the handler's result lost to the cancel that came first")
+        XCTAssertTrue(grandchild.isCancelled)
+    }
+
+    func testCancelOfASettledGrandparentReachesAHandlerRunningBelowASettledUnlinkedChild() {
+        let held = HeldHandler()
+        let root = Promise<Int>()
+        let middle = root.then(on: .immediate) { $0 + 1 }  // settles at once, is linked nowhere
+        let leaf = middle.then(on: .immediate) { value -> Int in held.hold(); return value + 1 }
+        let rejecting = middle.then(on: .immediate) { _ -> Int in held.hold(); throw Reason(tag: 99) }
+        let settler = DispatchGroup()
+        DispatchQueue.global().async(group: settler) { root.fulfill(1) }
+        held.entered.wait()  // `leaf`'s handler
+        root.cancel(reason: Reason(tag: 8))
+        XCTAssertTrue(middle.isFulfilled, "settled before the cancel: untouched")
+        held.proceed.signal()
+        held.entered.wait()  // `rejecting`'s handler, which started after the cancel returned
+        held.proceed.signal()
+        XCTAssertEqual(settler.wait(timeout: .now() + testTimeoutSeconds), .success)
+        XCTAssertEqual(try middle.wait(), 2)
+        XCTAssertThrowsError(try leaf.wait()) { XCTAssertEqual($0 as? Reason, Reason(tag: 8)) }
+        XCTAssertTrue(leaf.isCancelled)
+        XCTAssertThrowsError(try rejecting.wait()) { XCTAssertEqual($0 as? Reason, Reason(tag: 8)) }
+        XCTAssertTrue(rejecting.isCancelled, "a handler that throws after the cancel ends cancelled, not rejected")
+    }
+
+    func testAHandlerRunningWhenItsSettledParentIsCancelledCancelsThePromiseItReturns() {
+        let held = HeldHandler()
+        let parent = Promise<Int>()
+        let inner = Promise<Int>()
+        let child = parent.then(on: .immediate) { _ -> Promise<Int> in held.hold(); return inner }
+        let settler = DispatchGroup()
+        DispatchQueue.global().async(group: settler) { parent.fulfill(1) }
+        held.entered.wait()
+        parent.cancel(reason: Reason(tag: 9))
+        held.proceed.signal()
+        XCTAssertEqual(settler.wait(timeout: .now() + testTimeoutSeconds), .success)
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(inner.isCancelled, "the returned promise is work the cancelled child owns")
+    }
+
+    func testAHandlerThatClaimedBeforeTheCancelKeepsItsOutcome() throws {
+        // The cancel arrives after the handler settled its child: the child had settled
+        // first, and only its pending descendants are cancelled.
+        let parent = Promise(value: 1)
+        let child = parent.then(on: .immediate) { $0 + 1 }
+        let queue = heldQueue()
+        let later = child.then(on: queue) { $0 + 1 }
+        parent.cancel(reason: Reason(tag: 10))
+        XCTAssertEqual(try child.wait(), 2)
+        XCTAssertTrue(later.isCancelled)
+        queue.resume()
+        queue.sync {}
+        // A cancel of an unrelated settled promise elsewhere moves the forwarding epoch:
+        // handlers below `child` then check their ancestors, find nothing, and fulfil.
+        Promise(value: 0).cancel()
+        let fresh = Promise(value: 5).then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
+        XCTAssertEqual(try fresh.wait(), 7)
+    }
+
     func testCancelLeavesSettledDescendantsAlone() throws {
         let parent = Promise(value: 1)
         let child = parent.then(on: .immediate) { $0 * 10 }
@@ -222,7 +305,9 @@ final class CancellationTreeTests: XCTestCase {
             }
             started.wait()
             child.cancel()
-            queue.sync {}
+            // The followed promise may have been adopted on its settling thread, which
+            // publishes a moment later: wait for the child to settle, either way.
+            XCTAssertTrue(eventually { !child.isPending }, "the child never settled")
             XCTAssertTrue(child.isCancelled || child.isFulfilled)
         }
     }

@@ -50,6 +50,7 @@
  *   pc_children_*   any thread, any time             lock-free (push, take: CAS loops);
  *   pc_family_set                                    forget, pc_family: wait-free
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
+ *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which.
@@ -189,6 +190,35 @@ bool pc_family_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
 /* The family word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
 uintptr_t pc_family(const pc_promise *_Nonnull promise);
+
+/*
+ * The forwarding epoch: one process-wide word that brackets every cancel forwarded through
+ * an already settled promise (pc_forwarding_begin before its PUBLISHED bit is set,
+ * pc_forwarding_end after). Low bits count the forwards in progress, the rest is an epoch
+ * that every end advances, so any begin or end changes the word.
+ *
+ * A handler's child that claimed its outcome reads the word (pc_forwarding_epoch) and
+ * compares it with the value its parent recorded at its own claim: equal and with no
+ * forward in progress means no PUBLISHED bit appeared on any ancestor in between, so the
+ * parent's "no cancel above me" still holds and only the parent itself needs a look. A
+ * different value (rare: a cancel of a settled promise ran somewhere meanwhile) sends the
+ * child up its ancestors. This is what lets a cancel of a settled promise reach a
+ * descendant whose handler is already running and that is in no registry.
+ *
+ * Written only by cancels of settled promises (rare); read by every handler's claim, a
+ * load of a line that stays shared in every cache.
+ */
+#define PC_FORWARDING_ACTIVE_MASK 0xFFFFFu /* forwards in progress (up to about a million) */
+#define PC_FORWARDING_EPOCH_ONE 0x100000u
+
+/* Before a forwarded cancel sets PC_FAMILY_CANCEL_PUBLISHED. Full barrier. */
+void pc_forwarding_begin(void);
+
+/* After that bit is set. Full barrier: a reader that sees the new word sees the bit. */
+void pc_forwarding_end(void);
+
+/* The word; call after the claim CAS (acquire: pairs with pc_forwarding_end). */
+uintptr_t pc_forwarding_epoch(void);
 
 /*
  * Lowers a countdown word by one and returns the new value: the combinators' lock-free
