@@ -271,6 +271,12 @@ uintptr_t pc_family(const pc_promise *promise) {
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
 }
 
+bool pc_once(uintptr_t *flag) {
+    /* full: release publishes what the winner stored before (the outcome it decided); the
+     * acquire half keeps the winner's following stores after the election. */
+    return AO_compare_and_swap_full(PC_WORD(flag), (AO_t)0, (AO_t)1) != 0;
+}
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 static volatile AO_t pc_forwarding_word;

@@ -129,8 +129,8 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
-/// Whether `node` fires through `fire`: tells the three kinds of node apart (a promise's
-/// own, an `ObserverBox`'s, an aggregator slot's) when a dying promise releases them.
+/// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, an
+/// `ObserverBox`'s, an aggregator slot's, a waiter's) when a dying promise releases them.
 func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
     unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
 }
@@ -162,6 +162,8 @@ extension AnyPromise {
                     release(AnyPromise.owner(ofNode: node))
                 } else if nodeFires(node, through: aggregatorSlotFire) {
                     releaseAggregatorSlot(node)
+                } else if nodeFires(node, through: waiterFire) {
+                    Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
                 } else {
                     var box = Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
                         .takeRetainedValue()

@@ -1,3 +1,5 @@
+import CPromiseCore
+
 // Bridging to Swift concurrency: awaiting a promise, and a promise backed by a Task.
 
 extension Promise {
@@ -60,17 +62,78 @@ extension Promise {
     /// Suspends until the promise settles or the awaiting Task is cancelled.
     @usableFromInline
     func awaitOutcome() async -> Result<Value, any Error> {
-        // The waiter is its own small promise following this one: the claim CAS decides
-        // whether the outcome or the Task's cancellation gets there first, and cancelling
-        // the waiter never touches the promise it follows.
-        let waiter = Promise<Value>()
+        // One allocation: a waiter observing this promise. Its election decides whether
+        // the outcome or the Task's cancellation gets there first (cancelling never
+        // touches the promise), and its countdown resumes the Task once both the decision
+        // is made and the continuation is installed, in whichever order they happen (the
+        // cancellation handler runs first if the Task was cancelled before the await).
+        let waiter = Waiter<Value>()
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
-                waiter.whenComplete(on: .immediate) { continuation.resume(returning: $0) }
-                waiter.resolve(with: self)
+                waiter.continuation = continuation
+                waiter.register(on: self)  // fires inline if settled meanwhile
+                waiter.arrive()
             }
         } onCancel: {
-            waiter.cancel()
+            waiter.decide(.failure(CancellationError()))
         }
     }
+}
+
+/// The type-erased part of an `await` on a promise (the core's fire callback cannot be
+/// generic). Its `pc_waiter` is its first stored property: node, election, countdown.
+@usableFromInline
+class WaiterBase: @unchecked Sendable {
+    final var state = pc_waiter(node: pc_node(), decided: 0, remaining: 2)
+
+    final var statePointer: UnsafeMutablePointer<pc_waiter> {
+        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: pc_waiter.self)
+    }
+
+    /// Registers the waiter on `source`, transferring one retain to its node (balanced in
+    /// `waiterFire`, or in `releaseOwnedLinksIteratively` if `source` dies pending).
+    final func register(on source: AnyPromise) {
+        statePointer.pointee.node.fire = waiterFire
+        _ = Unmanaged.passRetained(self)
+        pc_observe(source.corePointer, &statePointer.pointee.node)
+    }
+
+    /// The awaited promise settled.
+    func sourceSettled(_ source: AnyPromise) {
+        preconditionFailure("WaiterBase is abstract")
+    }
+}
+
+/// One `await p.value` / `await p.result`.
+final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
+    /// Written once by the awaiting Task, before its `arrive`.
+    var continuation: UnsafeContinuation<Result<Value, any Error>, Never>?
+    /// Written once by the decision's winner, before its `arrive`.
+    var outcome: Result<Value, any Error>?
+
+    override func sourceSettled(_ source: AnyPromise) {
+        decide(unsafeDowncast(source, to: Promise<Value>.self).settledResult.unsafelyUnwrapped)
+    }
+
+    /// The outcome or the cancellation: the first one decides, later ones are dropped.
+    func decide(_ result: Result<Value, any Error>) {
+        guard pc_once(&statePointer.pointee.decided) else { return }
+        outcome = result
+        arrive()
+    }
+
+    /// One of the two things a resume waits for is done; the second one resumes. The
+    /// countdown's full barrier makes the other side's write visible here.
+    func arrive() {
+        guard pc_count_down(&statePointer.pointee.remaining) == 0 else { return }
+        continuation.unsafelyUnwrapped.resume(returning: outcome.unsafelyUnwrapped)
+    }
+}
+
+/// The fire callback of a waiter's node (never deferred: resuming a Task only enqueues it).
+func waiterFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let waiter = Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
+    guard let source else { preconditionFailure("waiters are never deferred") }
+    waiter.takeUnretainedValue().sourceSettled(AnyPromise.owner(ofCore: source).takeUnretainedValue())
+    waiter.release()  // the registration's retain
 }

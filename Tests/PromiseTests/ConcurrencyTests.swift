@@ -57,6 +57,46 @@ final class ConcurrencyTests: XCTestCase {
         XCTAssertEqual(later, 1)
     }
 
+    func testAwaitInATaskCancelledBeforeTheAwaitThrowsAtOnceAndLeavesThePromiseAlone() async {
+        let promise = Promise<Int>()
+        let gate = DispatchSemaphore(value: 0)
+        let waiter = Task.detached {
+            gate.wait()  // the Task is cancelled before it awaits
+            return await promise.result
+        }
+        waiter.cancel()
+        gate.signal()
+        let result = await waiter.value
+        guard case .failure(let error) = result else { return XCTFail("got \(result)") }
+        XCTAssertTrue(error is CancellationError, "got \(error)")
+        XCTAssertTrue(promise.isPending, "the awaited promise must be untouched")
+        promise.fulfill(3)
+        let value = try? await promise.value
+        XCTAssertEqual(value, 3, "later awaits still see the outcome")
+    }
+
+    func testWaitersRacingTheirCancellationAndTheSettleResumeExactlyOnce() async {
+        // Each waiter gets the value or CancellationError, once (a second resume of a
+        // continuation would trap); none hangs.
+        for round in 0..<200 {
+            let promise = Promise<Int>()
+            let waiters = (0..<4).map { _ in Task.detached { await promise.result } }
+            let settler = Task.detached { _ = promise.fulfill(round) }
+            for (index, waiter) in waiters.enumerated() where index % 2 == 0 { waiter.cancel() }
+            await settler.value
+            for (index, waiter) in waiters.enumerated() {
+                switch await waiter.value {
+                case .success(let value):
+                    XCTAssertEqual(value, round)
+                case .failure(let error):
+                    XCTAssertTrue(index % 2 == 0, "only cancelled waiters may fail")
+                    XCTAssertTrue(error is CancellationError, "got \(error)")
+                }
+            }
+            XCTAssertTrue(promise.isFulfilled)
+        }
+    }
+
     func testAsyncInitialiserFulfilsWithTheTaskResult() async throws {
         let promise = Promise<String> { "from a task" }
         let value = try await promise.value

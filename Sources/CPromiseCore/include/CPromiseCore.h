@@ -51,6 +51,7 @@
  *   pc_family_set                                    forget, pc_family: wait-free
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
+ *   pc_once         any thread                       wait-free (one CAS)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which.
@@ -227,6 +228,27 @@ uintptr_t pc_forwarding_epoch(void);
  * reaches zero see every earlier caller's. Aborts on underflow.
  */
 uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
+
+/*
+ * A one-shot election: sets *flag from 0 to 1 and returns true for the one caller that
+ * did. `await p.value` uses it to decide between the promise's outcome and the awaiting
+ * Task's cancellation. Full barrier: what the winner stored before is visible to whoever
+ * later acquires it through pc_count_down.
+ */
+bool pc_once(uintptr_t *_Nonnull flag);
+
+/*
+ * The state of one `await` on a promise: an observer node plus an election (`decided`,
+ * pc_once) between the outcome and the Task's cancellation, and a countdown from 2
+ * (`remaining`, pc_count_down) that the decision and the installed continuation both
+ * lower; whoever reaches zero resumes the awaiting Task. Zero-initialised except
+ * `remaining`, which starts at 2.
+ */
+typedef struct pc_waiter {
+    pc_node node;
+    uintptr_t decided;
+    uintptr_t remaining;
+} pc_waiter;
 
 /*
  * For the owner's deinit only: the observers still registered on a promise that never
