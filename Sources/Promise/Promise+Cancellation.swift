@@ -85,11 +85,21 @@ extension AnyPromise {
     /// pending ancestor (whose own cancel still reaches its children by firing them).
     @usableFromInline
     final func cancelReasonFromAncestors() -> (any Error)? {
-        guard let parent = settledParent else { return nil }  // a root, or settled from outside
+        guard let parentRetain = settledParentRetain else { return nil }  // a root, or settled from outside
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = UInt(pc_forwarding_epoch())
         let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
-        var ancestor = parent
+        // The common case, without touching reference counts (the parent is held by
+        // `settledParentRetain`): no cancel on the parent, and it verified this epoch.
+        let parentSuffices = parentRetain._withUnsafeGuaranteedRef { parent in
+            !parent.carriesCancelForDescendants
+                && (parent.verifiedEpoch == AncestorCheck.noAncestors || (quiet && parent.verifiedEpoch == epoch))
+        }
+        if parentSuffices {
+            verifiedEpoch = quiet ? epoch : AncestorCheck.unverified
+            return nil
+        }
+        var ancestor = parentRetain.takeUnretainedValue()
         while true {
             if let reason = ancestor.cancelReasonForDescendants { return reason }
             let verified = ancestor.verifiedEpoch
@@ -101,6 +111,12 @@ extension AnyPromise {
         }
         verifiedEpoch = quiet ? epoch : AncestorCheck.unverified
         return nil
+    }
+
+    /// Whether `cancelReasonForDescendants` is non-nil, without building the error.
+    @inlinable
+    final var carriesCancelForDescendants: Bool {
+        publishedTag == UInt(PC_CANCELLED) || pc_family(corePointer) & UInt(PC_FAMILY_CANCEL_PUBLISHED) != 0
     }
 
     /// `reject` for a handler settling its child (see `fulfillFromHandler`).
