@@ -70,8 +70,8 @@ public class AnyPromise: @unchecked Sendable {
     final var settledParent: AnyPromise? { settledParentRetain?.takeUnretainedValue() }
 
     /// The handler that will settle this promise from its parent's outcome; consumed
-    /// (released) when it runs.
-    @usableFromInline @exclusivity(unchecked) final var continuation: Continuation?
+    /// (released) when it runs, or released with the promise if it never does.
+    @exclusivity(unchecked) final var continuation: Continuation?
     /// Where `continuation` runs; nil for `.immediate` (runs inline through the core's
     /// trampoline), which spares the existential's copy and destroy on the hot path.
     @usableFromInline @exclusivity(unchecked) final var context: (any ExecutionContext)?
@@ -251,8 +251,8 @@ public class AnyPromise: @unchecked Sendable {
             // settled parent whose cancel is being forwarded gives it nothing to run.
             cancel(reason: reason)
             if errorSideDispatched { return }  // already on its context: do not touch it here
-            guard context == nil, parent.isCancelled, let handler = continuation, handler.hasErrorSide else {
-                continuation = nil
+            guard context == nil, parent.isCancelled, continuation?.hasErrorSide == true else {
+                continuation = nil  // releases the handler unrun
                 return
             }
             runContinuation()  // immediate: the error side inline
@@ -268,12 +268,11 @@ public class AnyPromise: @unchecked Sendable {
     /// (then only a cancelled parent still gets the handler's error side).
     @usableFromInline
     final func runContinuation() {
-        guard let handler = continuation, let parent = settledParent else { return }
-        continuation = nil
+        guard let parent = settledParent, let handler = continuation.take() else { return }
         // `role` stays `.continuation` (the settling thread may still read it in
         // `runDeferred` while this runs on the context); `follow` moves it on.
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-        if !parentCancelled && claimHint != UInt(PC_FREE) { return }
+        if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
         handler.run(parent, self)
     }
 }
