@@ -120,13 +120,18 @@ extension Promise {
 // The handlers, one builder each. `T` is the parent's value type, `U` the child's. Each
 // stores the user's closure as `Body` and its `invoke` takes it back as `Body`; `invoke`
 // reaches nothing but its arguments (a capture would cost an allocation per `then`).
+// The promises are unwrapped with a nil check and `unsafelyUnwrapped`, not `guard let`:
+// the optimiser turns `guard let` bindings of the optional parameters into owned copies,
+// a retain and a release of each promise around the (opaque) handler call, which on
+// promises with a side table take the runtime's slow path.
 extension Continuation {
     @inlinable
     static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> Continuation {
         typealias Body = @Sendable (T) throws -> U
         return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settle { try body(value) }
@@ -141,7 +146,8 @@ extension Continuation {
         typealias Body = @Sendable (T) throws -> Promise<U>
         return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settleFollowing { try body(value) }
@@ -161,7 +167,8 @@ extension Continuation {
         return Continuation(storing: Body(onFulfilled, onRejected), as: Body.self,
                             hasErrorSide: true) { slot, source, target in
             let handlers = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settle { try handlers.onFulfilled(value) }
@@ -178,7 +185,8 @@ extension Continuation {
         typealias Body = @Sendable (any Error) throws -> T
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfill(value)
@@ -195,7 +203,8 @@ extension Continuation {
         typealias Body = @Sendable (any Error) throws -> Promise<T>
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfill(value)
@@ -214,7 +223,8 @@ extension Continuation {
         typealias Body = @Sendable (any Error) -> any Error
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfill(value)
@@ -232,7 +242,8 @@ extension Continuation {
         typealias Body = @Sendable (any Error) -> Void
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfill(value)
@@ -251,7 +262,8 @@ extension Continuation {
         typealias Body = @Sendable () -> Void
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
             let body = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             body()
             if let value = source.fulfilledValue(as: T.self) {
@@ -267,7 +279,8 @@ extension Continuation {
         typealias Body = @Sendable (T) throws -> Bool
         return Continuation(storing: predicate, as: Body.self, hasErrorSide: false) { slot, source, target in
             let predicate = Continuation.take(Body.self, from: slot)
-            guard let source, let target else { return }
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settle {
