@@ -118,11 +118,11 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     if let source {
         let observer = box.takeUnretainedValue()
         observer.source = AnyPromise.owner(ofCore: source).takeUnretainedValue()
-        if let context = observer.context {
-            context.execute { observer.fire() }
-            box.release()
+        if observer.context.isImmediate {
+            pc_defer(node)  // the node's retain goes with it
         } else {
-            pc_defer(node)  // immediate: the node's retain goes with it
+            observer.context.execute { observer.fire() }
+            box.release()
         }
     } else {
         box.takeRetainedValue().fire()

@@ -89,7 +89,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     @usableFromInline
     init(parent: AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
         super.init(parent: parent)
-        self.context = context.isImmediate ? nil : context
+        self.context = context
         self.continuation = .some(continuation)
         observe(parent, as: .continuation)
     }
