@@ -199,7 +199,8 @@ public class AnyPromise: @unchecked Sendable {
     // MARK: Firing (called from CoreBridge's fire callbacks)
 
     /// The observed promise (parent or followee) settled; `retained` is the retain the
-    /// node carried, which this keeps (deferring the node) or releases.
+    /// node carried, which this keeps (deferring the node) or releases. The caller borrows
+    /// `self` from that retain: nothing may touch `self` after releasing it.
     @usableFromInline
     final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
         switch role {
@@ -273,11 +274,14 @@ public class AnyPromise: @unchecked Sendable {
     /// (then only a cancelled parent still gets the handler's error side).
     @usableFromInline
     final func runContinuation() {
-        guard let parent = settledParent, let handler = continuation.take() else { return }
-        // `role` stays `.continuation` (the settling thread may still read it in
-        // `runDeferred` while this runs on the context); `follow` moves it on.
-        let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-        if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
-        handler.run(parent, self)
+        // The parent borrowed, not retained: `settledParentRetain` holds it until our deinit.
+        settledParentRetain?._withUnsafeGuaranteedRef { parent in
+            guard let handler = continuation.take() else { return }
+            // `role` stays `.continuation` (the settling thread may still read it in
+            // `runDeferred` while this runs on the context); `follow` moves it on.
+            let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
+            if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
+            handler.run(parent, self)
+        }
     }
 }
