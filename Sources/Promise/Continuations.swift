@@ -1,22 +1,87 @@
 import CPromiseCore
 
-/// A handler stored in the child promise it settles: a closure built by the inlinable
-/// continuation methods, so its code is specialised for the caller's types (no generic
-/// metadata lookups, no value witness calls on the fire path). It captures the user's
-/// closure: registering a continuation costs the child promise and this context.
+/// A handler stored in the child promise it settles, without a box around it: the user's
+/// closure itself sits in `slot` (a closure is two words, its function and its context),
+/// and `invoke`, built by the inlinable continuation methods, knows the closure's type.
+///
+/// Why not a closure that captures the user's closure (the obvious design): the captured
+/// closure is two words, so every capturing handler would cost a context allocation of
+/// its own on top of the child promise. Here a handler that captures at most one class
+/// reference (whose context is that object itself) or nothing costs no allocation:
+/// `then` is the child promise alone.
+///
+/// `invoke` captures nothing once specialised in the caller (the builders are
+/// `@inlinable`), so it is a function pointer with no context and its code knows `T` and
+/// `U`: no metadata lookups or value witness calls on the fire path. Unspecialised
+/// (debug builds, generic callers) it captures the type metadata it needs, and still works.
+///
+/// Ownership: the handler in `slot` is owned by this value, which is noncopyable so that
+/// it is moved out exactly once, by `run` (the handler is released when it returns: a
+/// handler is consumed when it runs), or released by `deinit` if it never runs.
 @usableFromInline
-struct Continuation: Sendable {
-    /// Runs the handler on `source`'s published outcome and settles `target`. When
-    /// `source` was cancelled, `target` is already cancelled: only the error side runs.
-    @usableFromInline let run: @Sendable (_ source: AnyPromise, _ target: AnyPromise) -> Void
+struct Continuation: ~Copyable, Sendable {
+    /// What `invoke` does: moves the handler out of `slot` (as the type it was stored as)
+    /// and, given both promises, runs it on `source`'s published outcome to settle
+    /// `target`; given nil, only releases it.
+    @usableFromInline
+    typealias Invoke = @Sendable (_ slot: UnsafeMutableRawPointer, _ source: AnyPromise?, _ target: AnyPromise?) -> Void
+
+    /// The user's handler, untyped; all zero once moved out.
+    @usableFromInline var slot: (UInt, UInt)
+    /// Knows the handler's type: see `Invoke`.
+    @usableFromInline let invoke: Invoke
     /// True if the handler has an error side, which also runs (for clean-up) when the
     /// parent was cancelled.
     @usableFromInline let hasErrorSide: Bool
 
+    /// Stores `handler` in the slot. `invoke` must move it out as `Handler` (the builders
+    /// spell the type once, as a local `Body` typealias, for both sides).
     @inlinable
-    init(hasErrorSide: Bool, _ run: @escaping @Sendable (_ source: AnyPromise, _ target: AnyPromise) -> Void) {
-        self.run = run
+    init<Handler>(storing handler: Handler, as type: Handler.Type, hasErrorSide: Bool, _ invoke: @escaping Invoke) {
+        // Closures and class references, two words at most: constant-folded once specialised.
+        precondition(MemoryLayout<Handler>.size <= MemoryLayout<(UInt, UInt)>.size
+                     && MemoryLayout<Handler>.alignment <= MemoryLayout<(UInt, UInt)>.alignment)
+        slot = (0, 0)
+        self.invoke = invoke
         self.hasErrorSide = hasErrorSide
+        withUnsafeMutableBytes(of: &slot) { _ = $0.baseAddress.unsafelyUnwrapped.initializeMemory(as: Handler.self, to: handler) }
+    }
+
+    /// Moves the handler out of the `slot` that `invoke` received, as the type it was stored as.
+    @inlinable
+    static func take<Handler>(_ type: Handler.Type, from slot: UnsafeMutableRawPointer) -> Handler {
+        slot.assumingMemoryBound(to: Handler.self).move()
+    }
+
+    /// Runs the handler on `source`'s published outcome and settles `target`. When
+    /// `source` was cancelled, `target` is already cancelled: only the error side runs.
+    /// The handler is released before this returns.
+    consuming func run(_ source: AnyPromise, _ target: AnyPromise) {
+        var handler = slot
+        slot = (0, 0)  // moved out: `deinit`, at the end of this call, finds nothing to release
+        withUnsafeMutableBytes(of: &handler) { invoke($0.baseAddress.unsafelyUnwrapped, source, target) }
+    }
+
+    deinit {
+        // A handler that never ran: its child died first, or was settled by someone else.
+        // A stored handler (a closure's function pointer, a class reference) is never all zero.
+        guard slot.0 != 0 || slot.1 != 0 else { return }
+        var handler = slot
+        withUnsafeMutableBytes(of: &handler) { invoke($0.baseAddress.unsafelyUnwrapped, nil, nil) }
+    }
+}
+
+/// The two handlers of `then(_:_:)`: four words, too many for the slot, so they share one
+/// box (the one allocation a two-handler `then` costs besides the child).
+@usableFromInline
+final class HandlerPair<T: Sendable, U: Sendable>: Sendable {
+    @usableFromInline let onFulfilled: @Sendable (T) throws -> U
+    @usableFromInline let onRejected: @Sendable (any Error) throws -> U
+
+    @inlinable
+    init(_ onFulfilled: @escaping @Sendable (T) throws -> U, _ onRejected: @escaping @Sendable (any Error) throws -> U) {
+        self.onFulfilled = onFulfilled
+        self.onRejected = onRejected
     }
 }
 
@@ -52,11 +117,21 @@ extension Promise {
     }
 }
 
-// The handlers, one builder each. `T` is the parent's value type, `U` the child's.
+// The handlers, one builder each. `T` is the parent's value type, `U` the child's. Each
+// stores the user's closure as `Body` and its `invoke` takes it back as `Body`; `invoke`
+// reaches nothing but its arguments (a capture would cost an allocation per `then`).
+// The promises are unwrapped with a nil check and `unsafelyUnwrapped`, not `guard let`:
+// the optimiser turns `guard let` bindings of the optional parameters into owned copies,
+// a retain and a release of each promise around the (opaque) handler call, which on
+// promises with a side table take the runtime's slow path.
 extension Continuation {
     @inlinable
     static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> Continuation {
-        Continuation(hasErrorSide: false) { source, target in
+        typealias Body = @Sendable (T) throws -> U
+        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settleFromHandler { try body(value) }
@@ -68,7 +143,11 @@ extension Continuation {
 
     @inlinable
     static func flatMap<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> Promise<U>) -> Continuation {
-        Continuation(hasErrorSide: false) { source, target in
+        typealias Body = @Sendable (T) throws -> Promise<U>
+        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settleFollowing { try body(value) }
@@ -84,21 +163,30 @@ extension Continuation {
         _ onFulfilled: @escaping @Sendable (T) throws -> U,
         _ onRejected: @escaping @Sendable (any Error) throws -> U
     ) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = HandlerPair<T, U>
+        return Continuation(storing: Body(onFulfilled, onRejected), as: Body.self,
+                            hasErrorSide: true) { slot, source, target in
+            let handlers = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settleFromHandler { try onFulfilled(value) }
+                child.settleFromHandler { try handlers.onFulfilled(value) }
             } else if let error = source.rejection {
-                child.settleFromHandler { try onRejected(error) }
+                child.settleFromHandler { try handlers.onRejected(error) }
             } else if let reason = source.cancellationReason {
-                _ = try? onRejected(reason)
+                _ = try? handlers.onRejected(reason)
             }
         }
     }
 
     @inlinable
     static func recover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> T) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = @Sendable (any Error) throws -> T
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfillFromHandler(value)
@@ -112,7 +200,11 @@ extension Continuation {
 
     @inlinable
     static func flatRecover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = @Sendable (any Error) throws -> Promise<T>
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfillFromHandler(value)
@@ -128,7 +220,11 @@ extension Continuation {
 
     @inlinable
     static func mapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> any Error) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = @Sendable (any Error) -> any Error
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfillFromHandler(value)
@@ -143,7 +239,11 @@ extension Continuation {
     /// `catch`: an error side effect; the outcome passes on unchanged.
     @inlinable
     static func tapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> Void) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = @Sendable (any Error) -> Void
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.fulfillFromHandler(value)
@@ -159,7 +259,11 @@ extension Continuation {
     /// `always`: a side effect on any outcome; the outcome passes on unchanged.
     @inlinable
     static func always<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable () -> Void) -> Continuation {
-        Continuation(hasErrorSide: true) { source, target in
+        typealias Body = @Sendable () -> Void
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             body()
             if let value = source.fulfilledValue(as: T.self) {
@@ -172,7 +276,11 @@ extension Continuation {
 
     @inlinable
     static func validate<T: Sendable>(_ predicate: @escaping @Sendable (T) throws -> Bool) -> Continuation {
-        Continuation(hasErrorSide: false) { source, target in
+        typealias Body = @Sendable (T) throws -> Bool
+        return Continuation(storing: predicate, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let predicate = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
                 child.settleFromHandler {

@@ -89,8 +89,15 @@ func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     let owner = AnyPromise.owner(ofNode: node)
     if let source {
         // The node's retain is handed to `sourceDidSettle`, which keeps or releases it.
-        owner.takeUnretainedValue().sourceDidSettle(
-            AnyPromise.owner(ofCore: source).takeUnretainedValue(), retained: owner)
+        // Both references are borrowed, not retained for the call (a retain and a release
+        // each, on the runtime's slow path for promises with a side table): the source is
+        // held by whoever publishes or observes it until this returns, and the owner by the
+        // node's retain, which `sourceDidSettle` releases only as the last thing it does.
+        owner._withUnsafeGuaranteedRef { promise in
+            AnyPromise.owner(ofCore: source)._withUnsafeGuaranteedRef { source in
+                promise.sourceDidSettle(source, retained: owner)
+            }
+        }
     } else {
         owner.takeRetainedValue().runDeferred()
     }
@@ -118,11 +125,11 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     if let source {
         let observer = box.takeUnretainedValue()
         observer.source = AnyPromise.owner(ofCore: source).takeUnretainedValue()
-        if let context = observer.context {
-            context.execute { observer.fire() }
-            box.release()
+        if observer.context.isImmediate {
+            pc_defer(node)  // the node's retain goes with it
         } else {
-            pc_defer(node)  // immediate: the node's retain goes with it
+            observer.context.execute { observer.fire() }
+            box.release()
         }
     } else {
         box.takeRetainedValue().fire()

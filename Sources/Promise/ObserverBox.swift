@@ -8,12 +8,13 @@ class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
     /// The promise that settled; set when the node fires, read when the box runs.
     @usableFromInline @exclusivity(unchecked) final var source: AnyPromise?
-    /// Where the observation runs; nil for `.immediate` (inline, through the trampoline).
-    @usableFromInline final let context: (any ExecutionContext)?
+    /// Where the observation runs; `.immediate` is never called: inline, through the
+    /// trampoline. (Not an optional: see `AnyPromise.context`.)
+    @usableFromInline final let context: any ExecutionContext
 
     @inlinable
     init(context: any ExecutionContext) {
-        self.context = context.isImmediate ? nil : context
+        self.context = context
     }
 
     /// Runs the observation once, on `context`, after `source` settled.

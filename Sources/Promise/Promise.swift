@@ -87,10 +87,10 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
-    init(parent: AnyPromise, context: any ExecutionContext, continuation: Continuation) {
+    init(parent: AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
         super.init(parent: parent)
-        self.context = context.isImmediate ? nil : context
-        self.continuation = continuation
+        self.context = context
+        self.continuation = .some(continuation)
         observe(parent, as: .continuation)
     }
 

@@ -49,7 +49,11 @@ extension Promise {
     func destroyStoredValue() {
         guard claimHint == UInt(PC_FULFILLED) else { return }
         if Self.storesInline {
-            payloadAddress.assumingMemoryBound(to: Value.self).deinitialize(count: 1)
+            // The deinit runs unspecialised: `deinitialize` would go through the runtime's
+            // generic array destroy even for an `Int`. A trivial value needs nothing.
+            if !_isPOD(Value.self) {
+                payloadAddress.assumingMemoryBound(to: Value.self).deinitialize(count: 1)
+            }
         } else {
             Unmanaged<ValueBox<Value>>.fromOpaque(payloadAddress.load(as: UnsafeRawPointer.self)).release()
         }

@@ -115,6 +115,93 @@ final class MemoryTests: XCTestCase {
         child = nil
     }
 
+    // MARK: Handlers are released once done with
+
+    /// Something a handler captures, to see when the handler is released.
+    private final class Token: Sendable {
+        func use(_ value: Int) -> Int { value }
+    }
+
+    /// A child of every continuation form on `parent`, each handler capturing `token`.
+    private func childrenOfEveryForm(of parent: Promise<Int>, on context: any ExecutionContext,
+                                     capturing token: Token) -> [AnyPromise] {
+        [
+            parent.then(on: context) { token.use($0) },
+            parent.then(on: context) { Promise(value: token.use($0)) },
+            parent.then(on: context, { token.use($0) }, { _ in token.use(0) }),
+            parent.recover(on: context) { _ in token.use(0) },
+            parent.recover(on: context) { _ in Promise(value: token.use(0)) },
+            parent.mapError(on: context) { _ = token; return $0 },
+            parent.catch(on: context) { _ in _ = token },
+            parent.always(on: context) { _ = token },
+            parent.validate(on: context) { token.use($0) > 0 },
+        ]
+    }
+
+    /// Registers a child of every form on a pending promise, settles it with `settle`, and
+    /// checks that every handler (run or skipped) was released while the children live on.
+    private func assertHandlersReleased(on context: any ExecutionContext, after settle: (Promise<Int>) -> Void,
+                                        file: StaticString = #filePath, line: UInt = #line) {
+        weak var weakToken: Token?
+        let parent = Promise<Int>()
+        var children: [AnyPromise] = []
+        do {
+            let token = Token()
+            weakToken = token
+            children = childrenOfEveryForm(of: parent, on: context, capturing: token)
+        }
+        XCTAssertNotNil(weakToken, "pending handlers must keep their captures", file: file, line: line)
+        settle(parent)
+        XCTAssertTrue(eventually { weakToken == nil }, "a handler outlived its run", file: file, line: line)
+        XCTAssertTrue(eventually { children.allSatisfy { !$0.isPending } }, file: file, line: line)
+        XCTAssertEqual(children.count, 9, file: file, line: line)  // still alive here
+    }
+
+    func testHandlersAreReleasedWhenTheyRunOrAreSkipped() {
+        assertHandlersReleased(on: .immediate) { $0.fulfill(1) }
+        assertHandlersReleased(on: .immediate) { $0.reject(TestError(1)) }
+        assertHandlersReleased(on: .immediate) { $0.cancel() }
+        let queue = DispatchQueue(label: "PromiseTests.handlers")
+        assertHandlersReleased(on: queue) { $0.fulfill(1) }
+        assertHandlersReleased(on: queue) { $0.reject(TestError(1)) }
+        assertHandlersReleased(on: queue) { $0.cancel() }
+    }
+
+    func testHandlersOfChildrenSettledFirstAreReleasedUnrun() {
+        weak var weakToken: Token?
+        let parent = Promise<Int>()
+        let ran = Counter()
+        var children: [Promise<Int>] = []
+        do {
+            let token = Token()
+            weakToken = token
+            children = [
+                parent.then(on: .immediate) { ran.increment(); return token.use($0) },
+                parent.then { ran.increment(); return token.use($0) },
+            ]
+        }
+        children.forEach { $0.fulfill(7) }
+        parent.fulfill(1)
+        XCTAssertTrue(eventually { weakToken == nil })
+        XCTAssertEqual(ran.value, 0, "a handler ran for a child settled by someone else")
+        XCTAssertEqual(children.map { value($0) }, [7, 7])
+    }
+
+    func testHandlersOfADroppedPendingTreeAreReleased() {
+        weak var weakToken: Token?
+        var kept: AnyPromise?
+        do {
+            let token = Token()
+            weakToken = token
+            let parent = Promise<Int>()
+            kept = childrenOfEveryForm(of: parent, on: .default, capturing: token)[0]
+        }
+        XCTAssertNotNil(weakToken, "the kept pending child's handler was released early")
+        kept = nil
+        XCTAssertNil(weakToken)
+        XCTAssertNil(kept)
+    }
+
     // MARK: A child holds its settled parent
 
     func testChildHoldsItsSettledParent() {
