@@ -46,7 +46,8 @@ extension AnyPromise {
     private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
         let wasFollowing = claimHint == UInt(PC_FOLLOWING)
         if settleFailure(reason, as: PC_CANCELLED) {
-            if wasFollowing, let followee { work.append(followee) }
+            // Winning FOLLOWING -> CANCELLED makes us the one reader of the followee link.
+            if wasFollowing, let followee = UnownedLink.load(followeeWord) { work.append(followee) }
         } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
             // Settled otherwise: remember the reason for descendants still to come.
             forwardedCancelReason = reason
@@ -108,16 +109,22 @@ final class ChildLink {
 extension AnyPromise {
     /// Links this promise into its parent's registry, and the parent into its own, up to
     /// the first ancestor that is linked already (each link is made once).
-    final func linkIntoParentChain() {
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds (the thread that
+    ///   fired this promise, or its continuation), so reading it needs no lock.
+    final func linkIntoParentChain(parent: AnyPromise?) {
         var promise: AnyPromise = self
-        while let parent = promise.weakParent,
-              pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
-            parent.addChildLink(ChildLink(promise))
-            if let reason = parent.cancelReasonForDescendants {
+        var next = parent
+        while let up = next, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
+            up.addChildLink(ChildLink(promise))
+            if let reason = up.cancelReasonForDescendants {
                 // The parent's cancel may have missed this fresh link: apply it here.
                 promise.cancel(reason: reason)
             }
-            promise = parent
+            promise = up
+            // An ancestor that is linked already ends the walk: skip reading its parent
+            // (a locked read), which pc_family_set would then refuse anyway.
+            next = pc_family(up.corePointer) & UInt(PC_FAMILY_LINKED) != 0 ? nil : up.parentIfAlive
         }
     }
 
