@@ -94,6 +94,11 @@ public class AnyPromise: @unchecked Sendable {
     /// to the context because the parent was cancelled.
     @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
 
+    /// This promise's link in its parent's cancellation registry, retained, once it is
+    /// linked (written by the one thread that set PC_FAMILY_LINKED): the deinit clears the
+    /// link's unowned word through it (`releaseRegistryLink`).
+    @exclusivity(unchecked) final var registryLink: Unmanaged<ChildLink>?
+
     /// The reason of a cancel forwarded through this promise after it had settled; written
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
     @exclusivity(unchecked) final var forwardedCancelReason: (any Error)?
@@ -112,6 +117,7 @@ public class AnyPromise: @unchecked Sendable {
     }
 
     deinit {
+        releaseRegistryLink()
         releaseChildLinks()
         releaseOwnedLinksIteratively()
     }

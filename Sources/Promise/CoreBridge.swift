@@ -109,9 +109,8 @@ extension AnyPromise {
 /// - A reader (`load`) takes the word's lock, calls `swift_tryRetain`, and unlocks: it gets
 ///   a strong reference, or nil if the target has begun dying.
 /// - Whoever knows that the target is dying or is about to be left unguarded clears the
-///   word under the lock (`clear`) before the target's memory can be freed: a dying pending
-///   parent clears its children's words from its deinit (they are the observers it
-///   detaches), and so on for each kind of link (each says who clears it).
+///   word under the lock (`clear`) before the target's memory can be freed. Each link says
+///   who: `parentIfAlive` and `follow` (AnyPromise.swift), `ChildLink`, `AggregatorSlot`.
 ///
 /// Why that is safe: the target's memory is freed only after its deinit finishes, and its
 /// deinit (or something that outlives the reader's window, as each link explains) clears
@@ -120,7 +119,7 @@ extension AnyPromise {
 /// flag in the same atomic step as that transition, and succeeds otherwise, in which case
 /// the target cannot start dying until we release it. A reader that locks after the clear
 /// sees 0. The lock is held for one CAS, and only on cold paths (navigation, cancelling,
-/// a pending promise dying).
+/// the death of a pending promise or of a descendant linked into a registry).
 enum UnownedLink {
     /// The address stored in a word for `promise` (no retain).
     static func address(of promise: AnyPromise) -> UInt {
@@ -235,7 +234,7 @@ extension AnyPromise {
                     owner.takeUnretainedValue().observedPromiseIsDying(at: dying)
                     release(owner)
                 } else if nodeFires(node, through: aggregatorSlotFire) {
-                    releaseAggregatorSlot(node)
+                    releaseAggregatorSlot(node, inputDyingAt: dying)
                 } else {
                     var box = Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
                         .takeRetainedValue()

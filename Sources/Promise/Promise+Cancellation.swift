@@ -94,15 +94,28 @@ extension AnyPromise {
 
 // MARK: The registry of descendants in flight
 
-/// A weak link from a promise to a descendant that is in flight after the promise
-/// settled. Weak, so the registry never keeps a settled subtree alive; dead links are
+/// A link from a promise to a descendant that is in flight after the promise settled, in
+/// the promise's cancellation registry. It must not keep the descendant alive (the registry
+/// would keep settled subtrees alive), so the descendant is an unowned link (see
+/// `UnownedLink`) that the descendant clears in its deinit, before its memory goes; the
+/// descendant holds the link for that (`registryLink`). Links whose word is 0 are dead and
 /// pruned as the registry grows.
 final class ChildLink {
-    final var node = pc_node()  // first stored property: the registry's intrusive link
-    weak var child: AnyPromise?
+    struct Words {
+        var node = pc_node()  // first: the registry's intrusive link (see `linkNode`)
+        var child: UInt       // the descendant, unowned
+    }
+
+    final var words: Words  // first stored property: the node sits right after the header
 
     init(_ child: AnyPromise) {
-        self.child = child
+        words = Words(child: UnownedLink.address(of: child))
+    }
+
+    /// The locked word holding the descendant.
+    final var childWord: UnsafeMutablePointer<UInt> {
+        (_getUnsafePointerToStoredProperties(self) + MemoryLayout<Words>.offset(of: \Words.child)!)
+            .assumingMemoryBound(to: UInt.self)
     }
 }
 
@@ -116,7 +129,11 @@ extension AnyPromise {
         var promise: AnyPromise = self
         var next = parent
         while let up = next, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
-            up.addChildLink(ChildLink(promise))
+            let link = ChildLink(promise)
+            // Setting LINKED made this thread the only writer: the promise's own reference
+            // to its link, which its deinit uses to clear the link's word, then drops.
+            promise.registryLink = Unmanaged.passRetained(link)
+            up.addChildLink(link)
             if let reason = up.cancelReasonForDescendants {
                 // The parent's cancel may have missed this fresh link: apply it here.
                 promise.cancel(reason: reason)
@@ -144,24 +161,38 @@ extension AnyPromise {
         guard node != nil else { return }
         var taken: UInt = 0
         var kept: [Unmanaged<ChildLink>] = []
+        // The live children, held, for the re-applied cancel: once the links are back in
+        // the registry another thread may prune (free) them, so they are not read again.
+        var live: [AnyPromise] = []
         while let current = node {
             node = current.pointee.next
             taken += 1
             let link = Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize)
-            if let child = link.takeUnretainedValue().child {
+            // We own the registry's retain of the link until we push it back.
+            if let child = UnownedLink.load(link.takeUnretainedValue().childWord) {
                 body(child)
                 kept.append(link)
+                if reapplyingCancel { live.append(child) }
                 continue
             }
-            link.release()
+            link.release()  // its child died (and cleared the word): prune
         }
         for link in kept.reversed() {
             _ = pc_children_push(corePointer, linkNode(link))
         }
         pc_children_forget(corePointer, taken)
-        if reapplyingCancel, !kept.isEmpty, let reason = cancelReasonForDescendants {
-            for link in kept { link.takeUnretainedValue().child?.cancel(reason: reason) }
+        if reapplyingCancel, !live.isEmpty, let reason = cancelReasonForDescendants {
+            for child in live { child.cancel(reason: reason) }
         }
+    }
+
+    /// The deinit's half of a registry link: no thread may reach this dying promise through
+    /// its parent's registry any more; then drop our reference to the link.
+    final func releaseRegistryLink() {
+        guard let link = registryLink else { return }
+        registryLink = nil
+        UnownedLink.clear(link.takeUnretainedValue().childWord, ifPointingAt: UnownedLink.address(of: self))
+        link.release()
     }
 
     /// Releases the registry's links (deinit only).

@@ -1,6 +1,7 @@
 // Unowned links under fire: the references that do not keep their target alive (a child's
-// link to its pending parent, a follower's link to the promise it follows) are read on some
-// threads while the last reference to the target goes away on another. Every round checks
+// link to its pending parent, a follower's link to the promise it follows, a registry's link
+// to a descendant in flight, an aggregate's link to its inputs) are read on some threads
+// while the last reference to the target goes away on another. Every round checks
 // that a read answers the target itself or nil, never another promise; that once the target
 // is gone every read answers nil; and that, the round over and its promises dropped, every
 // one of them is freed. The memory side (no read of a freed promise) is what the TSan and
@@ -278,6 +279,132 @@ final class UnownedLinkStressTests: XCTestCase {
             }
             _ = consume follower
             followerHolder.drop()
+            checker.check(weak.alive == 0, "\(weak.alive) promise(s) of the round still alive")
+            return true
+        }
+    }
+
+    /// Children in flight on a serial queue link themselves into their settled parent's
+    /// cancellation registry and die as their handlers finish (nobody holds most of them),
+    /// while seats 1 and 2 keep adding children (the registry is pruned past 32 links) and
+    /// seat 0 forwards a cancel through the parent, which walks the registry and loads each
+    /// child through its unowned link. Every child kept ends fulfilled or cancelled with
+    /// that reason, and every child is freed once the queue is idle and the kept ones go.
+    func testRegistryWalksRaceTheChildrensDeaths() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let queue = DispatchQueue(label: "UnownedLinkStressTests.registry")
+        var fulfilled = 0, cancelled = 0
+
+        runStressRounds("registry walks racing the children's deaths", invariants: [
+            "a kept child ends fulfilled with its value or cancelled with the forwarded reason",
+            "every child of the round is freed",
+        ], details: {
+            "kept children fulfilled \(fulfilled), cancelled \(cancelled)"
+        }) { checker in
+            let round = checker.round
+            let parent = Promise(value: round)
+            let kept = (0..<3).map { _ in SeatBox<Promise<Int>>() }
+            let weak = (0..<3).map { _ in WeakSet() }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    for _ in 0..<random.below(3_000) { _ = random.next() }
+                    parent.cancel(reason: StressError(id: round))
+                    return
+                }
+                for index in 0..<24 {
+                    let child = parent.then(on: queue) { value -> Int in value + 1 }
+                    weak[seat].track(child)
+                    if index % 4 == 0 { kept[seat].items.append(child) }
+                }
+            }
+            checker.check(finished, "round hung")
+            queue.sync {}  // every handler has run (or been skipped) and let its child go
+            for child in kept.flatMap(\.items) {
+                switch Final(child) {
+                case .fulfilled(let value):
+                    fulfilled += 1
+                    checker.check(value == round + 1, "child fulfilled with \(value)")
+                case .cancelled(let tag):
+                    cancelled += 1
+                    checker.check(tag == .stress(round), "child cancelled with \(tag)")
+                case let other:
+                    checker.check(false, "child ended \(other)")
+                }
+            }
+            kept.forEach { $0.items = [] }
+            // A handler's block may still be releasing its child right after `sync` saw
+            // the queue idle: poll briefly.
+            let deadline = Date(timeIntervalSinceNow: 5)
+            while weak.map(\.alive).reduce(0, +) != 0 && Date() < deadline { usleep(100) }
+            checker.check(weak.map(\.alive).reduce(0, +) == 0, "children of the round still alive")
+            return true
+        }
+    }
+
+    /// An aggregate (`all`) holds its inputs through unowned links: seat 0 drops the only
+    /// references to half of them (they die pending), seat 2 fulfils the other half, and
+    /// seat 1 cancels the aggregate, which cancels the inputs it can still reach. The
+    /// aggregate ends cancelled, the fulfilled inputs fulfilled or cancelled with the
+    /// reason, and everything is freed.
+    func testAggregateCancelRacesItsInputsDeaths() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let width = 8
+        var inputsCancelled = 0, inputsFulfilled = 0
+
+        runStressRounds("aggregate cancel racing its inputs' deaths", invariants: [
+            "the aggregate ends cancelled with the canceller's reason",
+            "a surviving input ends fulfilled with its value or cancelled with that reason",
+            "everything of the round is freed",
+        ], details: {
+            "surviving inputs fulfilled \(inputsFulfilled), cancelled through the aggregate \(inputsCancelled)"
+        }) { checker in
+            let round = checker.round
+            let weak = WeakSet()
+            let dropped: Droppable, survivors: Droppable, outputHolder: Droppable
+            do {
+                let inputs = (0..<width).map { _ in Promise<Int>() }
+                let output = Promise.all(inputs)
+                (inputs + [output]).forEach(weak.track)
+                dropped = Droppable(Array(inputs[(width / 2)...]))
+                survivors = Droppable(Array(inputs[..<(width / 2)]))
+                outputHolder = Droppable([output])
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                let output = seat == 1 ? outputHolder.take(0) : nil
+                crew.barrier.arriveAndWait()
+                for _ in 0..<random.below(1_000) { _ = random.next() }
+                switch seat {
+                case 0: dropped.drop()
+                case 1: output?.cancel(reason: StressError(id: round))
+                default:
+                    for index in 0..<(width / 2) { (survivors.take(index) as? Promise<Int>)?.fulfill(index) }
+                }
+            }
+            checker.check(finished, "round hung")
+            if let output = outputHolder.take(0) as? Promise<[Int]> {
+                checker.check(Final(output, { $0.count }) == .cancelled(.stress(round)),
+                              "aggregate ended \(Final(output, { $0.count }))")
+            }
+            for index in 0..<(width / 2) {
+                guard let input = survivors.take(index) as? Promise<Int> else { return false }
+                switch Final(input) {
+                case .fulfilled(let value):
+                    inputsFulfilled += 1
+                    checker.check(value == index, "input fulfilled with \(value)")
+                case .cancelled(let tag):
+                    inputsCancelled += 1
+                    checker.check(tag == .stress(round), "input cancelled with \(tag)")
+                case let other:
+                    checker.check(false, "input ended \(other)")
+                }
+            }
+            survivors.drop()
+            outputHolder.drop()
             checker.check(weak.alive == 0, "\(weak.alive) promise(s) of the round still alive")
             return true
         }

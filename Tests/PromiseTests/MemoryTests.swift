@@ -171,6 +171,45 @@ final class MemoryTests: XCTestCase {
         assertCancelled(followed, reason: 9)
     }
 
+    /// A child in flight on a queue links itself into its settled parent's cancellation
+    /// registry without being kept by it: once its handler ran and nobody holds it, it is
+    /// freed, and a cancel forwarded through the parent afterwards finds a dead link (and
+    /// drops it) instead of a freed child.
+    func testChildInFlightIsFreedThenParentCancelSkipsItsLink() {
+        let queue = DispatchQueue(label: "PromiseTests.registry")
+        let parent = Promise(value: 1)
+        weak var weakChild: Promise<Int>?
+        var kept: Promise<Int>?
+        do {
+            let child = parent.then(on: queue) { $0 + 1 }
+            weakChild = child
+            kept = parent.then(on: queue) { $0 + 2 }
+        }
+        queue.sync {}
+        XCTAssertTrue(eventually { weakChild == nil }, "the registry kept a settled child alive")
+        parent.cancel(reason: TestError(5))
+        XCTAssertEqual(parent.state, .fulfilled)
+        XCTAssertEqual(kept.map { value($0) }, 3)
+        kept = nil
+    }
+
+    /// An aggregate holds its inputs without keeping them: an input dropped while pending
+    /// is freed, and cancelling the aggregate afterwards cancels the inputs still alive.
+    func testAggregateInputDroppedPendingThenAggregateCancelled() {
+        weak var weakDropped: Promise<Int>?
+        let kept = Promise<Int>()
+        let all: Promise<[Int]>
+        do {
+            let dropped = Promise<Int>()
+            weakDropped = dropped
+            all = Promise.all([kept, dropped])
+        }
+        XCTAssertNil(weakDropped, "the aggregate kept a pending input alive")
+        all.cancel(reason: TestError(6))
+        assertCancelled(all, reason: 6)
+        assertCancelled(kept, reason: 6)
+    }
+
     /// Dropping a settled chain releases it in a loop, each ancestor's retain of its parent
     /// taken before the ancestor itself dies; user code that runs meanwhile (here the
     /// deinit of a value) can still load an ancestor through a weak reference and keep it.
