@@ -110,9 +110,10 @@ public class AnyPromise: @unchecked Sendable {
             settledParentRetain = Unmanaged.passRetained(parent)
         } else {
             parentSettledAtCreation = false
-            // A plain store: nothing else can see this promise yet; the release push that
-            // registers it on the parent publishes the word with the rest of it.
-            if let parent { core.parent = UnownedLink.address(of: parent) }
+            // A plain store, through the pointer (no exclusivity check on `core`): nothing
+            // else can see this promise yet; the release push that registers it on the
+            // parent publishes the word with the rest of it.
+            if let parent { parentWord.pointee = UnownedLink.address(of: parent) }
         }
     }
 
