@@ -21,9 +21,14 @@ let package = Package(
             name: "CPromiseCore",
             dependencies: ["CAtomicOps"]
         ),
+        // swift_tryRetain, declared in C for the overlay's unowned links (UnownedLink):
+        // header only, kept out of the C core, whose tests link without the Swift runtime.
+        .systemLibrary(
+            name: "CSwiftRuntime"
+        ),
         .target(
             name: "Promise",
-            dependencies: ["CPromiseCore"]
+            dependencies: ["CPromiseCore", "CSwiftRuntime"]
         ),
         .testTarget(
             name: "PromiseTests",

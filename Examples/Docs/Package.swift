@@ -28,7 +28,8 @@ let package = Package(
             providers: [.apt(["libatomic-ops-dev"]), .brew(["libatomic_ops"])]
         ),
         .target(name: "CPromiseCore", dependencies: ["CAtomicOps"]),
-        .target(name: "Promise", dependencies: ["CPromiseCore"]),
+        .systemLibrary(name: "CSwiftRuntime"),
+        .target(name: "Promise", dependencies: ["CPromiseCore", "CSwiftRuntime"]),
     ],
     swiftLanguageModes: [.v6]
 )

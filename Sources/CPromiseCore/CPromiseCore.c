@@ -3,9 +3,12 @@
  * the progress guarantees. Every atomic operation below says what its ordering
  * publishes or acquires, and which operation it pairs with.
  */
+#define _POSIX_C_SOURCE 200809L /* sched_yield under -std=c11 */
+
 #include "CPromiseCore.h"
 
 #include <atomic_ops.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -16,7 +19,7 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-_Static_assert(sizeof(pc_promise) == 9 * sizeof(void *), "pc_promise is nine words");
+_Static_assert(sizeof(pc_promise) == 11 * sizeof(void *), "pc_promise is eleven words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -317,4 +320,55 @@ uintptr_t pc_count_down(uintptr_t *counter) {
         pc_die("pc_count_down", "counted below zero", before);
     }
     return before - 1;
+}
+
+/* ---- locked words ----------------------------------------------------------------- */
+
+/* Failed lock attempts before each further one yields the processor: a holder that was
+ * preempted then gets it back (the stress tests run more threads than cores). */
+#define PC_SPINS_BEFORE_YIELD 64u
+
+uintptr_t pc_word_load(const uintptr_t *word) {
+    /* acquire: pairs with the release of pc_word_store / pc_word_unlock that wrote the
+     * value, so a target seen here was initialised before it became reachable. Readers
+     * that go on to use the target lock first anyway; this load only spares the lock
+     * when the word is 0 (or is not the target a clearer looks for). */
+    return (uintptr_t)AO_load_acquire(PC_WORD(word));
+}
+
+void pc_word_store(uintptr_t *word, uintptr_t value) {
+    if ((value & PC_WORD_LOCKED) != 0) {
+        pc_die("pc_word_store", "value has the lock bit", value);
+    }
+    /* release: publishes the target's initialisation (and the caller's earlier writes)
+     * to a reader whose acquire (pc_word_load, pc_word_lock) sees the value. */
+    AO_store_release(PC_WORD(word), (AO_t)value);
+}
+
+uintptr_t pc_word_lock(uintptr_t *word) {
+    for (unsigned failures = 0;; failures++) {
+        /* No ordering: a guess for the CAS, which validates it. */
+        uintptr_t seen = (uintptr_t)AO_load(PC_WORD(word));
+        /* acquire: pairs with the release store in pc_word_unlock, so what the previous
+         * holder did under the lock (a reader's try on the target, a clearer's 0) happens
+         * before what we do under it: a clearer that locks after a reader frees the target
+         * only after the reader's try, and a reader that locks after a clearer sees 0. */
+        if ((seen & PC_WORD_LOCKED) == 0
+            && AO_compare_and_swap_acquire(PC_WORD(word), (AO_t)seen, (AO_t)(seen | PC_WORD_LOCKED))) {
+            return seen;
+        }
+        if (failures >= PC_SPINS_BEFORE_YIELD) {
+            sched_yield();
+        }
+    }
+}
+
+void pc_word_unlock(uintptr_t *word, uintptr_t value) {
+    /* No ordering: this thread holds the lock, so it reads its own write. */
+    uintptr_t held = (uintptr_t)AO_load(PC_WORD(word));
+    if ((held & PC_WORD_LOCKED) == 0 || (value & PC_WORD_LOCKED) != 0) {
+        pc_die("pc_word_unlock", "lock not held, or value has the lock bit", held);
+    }
+    /* release: pairs with the acquire CAS of the next pc_word_lock (see there). */
+    AO_store_release(PC_WORD(word), (AO_t)value);
 }

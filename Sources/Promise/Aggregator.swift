@@ -9,11 +9,11 @@ struct AggregatorSlot {
     var owner: UnsafeMutableRawPointer?     // the Aggregator; each registration retains it
     var index = 0
     var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
-}
-
-/// A weak reference, so an aggregate can cancel its pending inputs without keeping them.
-struct WeakPromise {
-    weak var promise: AnyPromise?
+    /// The input, unowned (see `UnownedLink`), so that cancelling the aggregate can cancel
+    /// it while it is pending without the aggregate keeping it. Valid while this slot is
+    /// registered on it (an input that dies pending clears it: `releaseAggregatorSlot`),
+    /// and after, when `settled` holds the input for the aggregator's life.
+    var input: UInt = 0
 }
 
 /// The lock-free engine behind `all`, `allSettled`, `any`, `race` and `and`: one
@@ -28,7 +28,6 @@ final class Aggregator: @unchecked Sendable {
     let count: Int
     private let slots: UnsafeMutablePointer<AggregatorSlot>
     private let remaining: UnsafeMutablePointer<UInt>
-    private let inputs: ContiguousArray<WeakPromise>
     private let inputSettled: InputSettled
 
     /// - Parameters:
@@ -40,7 +39,10 @@ final class Aggregator: @unchecked Sendable {
         slots.initialize(repeating: AggregatorSlot(), count: count)
         remaining = .allocate(capacity: 1)
         remaining.initialize(to: UInt(countdown))
-        self.inputs = ContiguousArray(inputs.map { WeakPromise(promise: $0) })
+        // Plain stores: nothing else sees the slots before `start` registers them (and the
+        // output's onCancel, registered before that, reaches the aggregator only after
+        // `init` returned).
+        for (index, input) in inputs.enumerated() { slots[index].input = UnownedLink.address(of: input) }
         self.inputSettled = inputSettled
     }
 
@@ -51,11 +53,11 @@ final class Aggregator: @unchecked Sendable {
         remaining.deallocate()
     }
 
-    /// Registers a slot on every input (each registration retains the aggregator).
-    func start() {
+    /// Registers a slot on every input (each registration retains the aggregator): the
+    /// same `inputs` as `init`'s, which the caller holds until this returns.
+    func start(_ inputs: [AnyPromise]) {
         let owner = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
-        for index in 0..<count {
-            guard let input = inputs[index].promise else { continue }  // cannot happen: the caller holds them
+        for (index, input) in inputs.enumerated() {
             let slot = slots + index
             slot.pointee.owner = owner
             slot.pointee.index = index
@@ -88,8 +90,8 @@ final class Aggregator: @unchecked Sendable {
 
     /// Cancels the inputs that are still pending (the aggregate was cancelled).
     func cancelPendingInputs(reason: any Error) {
-        for input in inputs {
-            if let promise = input.promise, promise.isPending { promise.cancel(reason: reason) }
+        for index in 0..<count {
+            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending { input.cancel(reason: reason) }
         }
     }
 
@@ -110,9 +112,17 @@ func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeM
     owner.release()  // the registration's retain
 }
 
-/// Drops the retain an aggregator slot's registration holds (its input died pending).
-func releaseAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>) {
+/// The locked word of a slot's `input`.
+func inputWord(_ slot: UnsafeMutablePointer<AggregatorSlot>) -> UnsafeMutablePointer<UInt> {
+    (UnsafeMutableRawPointer(slot) + MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.input)!)
+        .assumingMemoryBound(to: UInt.self)
+}
+
+/// Its input died pending (at `input`, in its deinit): clears the slot's unowned link to
+/// it, then drops the retain of the aggregator that the registration held.
+func releaseAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, inputDyingAt input: UInt) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    UnownedLink.clear(inputWord(slot), ifPointingAt: input)
     Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped).release()
 }
 

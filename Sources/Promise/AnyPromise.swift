@@ -44,18 +44,32 @@ public class AnyPromise: @unchecked Sendable {
     /// before it publishes; read only after an acquire load has seen the outcome.
     @usableFromInline @exclusivity(unchecked) final var failure: (any Error)?
 
-    /// The parent, without keeping it alive (a pending parent holds its children until
-    /// it fires them, so a strong link would be a retain cycle). Written only in `init`.
-    final weak var weakParentLink: AnyPromise?
-
     /// True when the parent had already settled when this child was created: then the
-    /// child holds it strongly from the start (no cycle is possible) and forms no weak
-    /// reference, which would give the parent a side table and slow reference counting.
+    /// child holds it strongly from the start (`settledParentRetain`; no cycle is possible)
+    /// and leaves `parentWord` at 0.
     final let parentSettledAtCreation: Bool
 
-    /// The parent, alive or nil (see `weakParentLink` and `parentSettledAtCreation`).
-    final var weakParent: AnyPromise? {
-        parentSettledAtCreation ? settledParent : weakParentLink
+    /// The parent, alive or nil. A child created on a pending parent links to it through
+    /// `parentWord`, an unowned link (see `UnownedLink`): a pending parent holds its
+    /// children in its observer list until it fires them, so a strong link would be a
+    /// retain cycle, and a `weak` one would slow down every retain and release of the
+    /// parent. The link stays valid because
+    ///
+    /// - while the parent is pending, this child's node is registered on it (it is
+    ///   registered in `Promise.init(parent:context:continuation:)`, at once, and a child's
+    ///   node leaves its parent's list only by being fired or by the parent's death), and
+    ///   a dying parent clears the word of every child it detaches
+    ///   (`releaseOwnedLinksIteratively`) before its memory goes;
+    /// - once the parent fires this child, the child retains it (`settledParentRetain`,
+    ///   taken in the fire callback, while the settling thread still holds the parent), so
+    ///   it cannot die while the child lives; the iterative release, which takes that
+    ///   retain from a dying child before the child's own deinit, clears the word first.
+    ///
+    /// Reads take the word's lock (cold paths: `parent`, `root`, linking up the chain of an
+    /// ancestor), never `settledParentRetain`, which is written by the firing thread: code
+    /// on that thread or after it (the continuation) reads `settledParent` instead.
+    final var parentIfAlive: AnyPromise? {
+        parentSettledAtCreation ? settledParent : UnownedLink.load(parentWord)
     }
 
     /// The parent once it has settled: the continuation reads its outcome through this,
@@ -85,9 +99,10 @@ public class AnyPromise: @unchecked Sendable {
     /// to the context because the parent was cancelled.
     @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
 
-    /// The promise this one follows because a handler returned it (owned work: a cancel
-    /// reaches it). Weak: it holds us in its observer list until it settles.
-    @exclusivity(unchecked) final weak var followee: AnyPromise?
+    /// This promise's link in its parent's cancellation registry, retained, once it is
+    /// linked (written by the one thread that set PC_FAMILY_LINKED): the deinit clears the
+    /// link's unowned word through it (`releaseRegistryLink`).
+    @exclusivity(unchecked) final var registryLink: Unmanaged<ChildLink>?
 
     /// The reason of a cancel forwarded through this promise after it had settled; written
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
@@ -107,11 +122,15 @@ public class AnyPromise: @unchecked Sendable {
             settledParentRetain = Unmanaged.passRetained(parent)
         } else {
             parentSettledAtCreation = false
-            weakParentLink = parent
+            // A plain store, through the pointer (no exclusivity check on `core`): nothing
+            // else can see this promise yet; the release push that registers it on the
+            // parent publishes the word with the rest of it.
+            if let parent { parentWord.pointee = UnownedLink.address(of: parent) }
         }
     }
 
     deinit {
+        releaseRegistryLink()
         releaseChildLinks()
         releaseOwnedLinksIteratively()
     }
@@ -146,7 +165,7 @@ public class AnyPromise: @unchecked Sendable {
     /// pending parent holds its children until it fires them); once the parent has
     /// settled, the child holds it, so `parent` keeps answering as long as the child
     /// lives. A pending parent that nobody else holds can never settle and is freed.
-    public final var parent: AnyPromise? { weakParent }
+    public final var parent: AnyPromise? { parentIfAlive }
 
     /// The top of the tree this promise belongs to: itself when it has no parent.
     ///
@@ -156,7 +175,7 @@ public class AnyPromise: @unchecked Sendable {
     /// ```
     public final var root: AnyPromise {
         var node: AnyPromise = self
-        while let up = node.weakParent { node = up }
+        while let up = node.parentIfAlive { node = up }
         return node
     }
 
@@ -182,29 +201,50 @@ public class AnyPromise: @unchecked Sendable {
     }
 
     /// Makes this promise follow `source` (same `Value`): it settles as `source` does.
-    /// Uses the promise's own node, so only call it when that node is free (a child
-    /// whose continuation ran, or a promise without parent that never observed).
+    /// Uses the promise's own node, so only call it when that node is free: from this
+    /// promise's continuation, once it ran (the only caller, `settleFollowing`).
+    ///
+    /// The followed promise is work this promise owns (a cancel reaches it), held through
+    /// `followeeWord`, an unowned link (see `UnownedLink`): `source` holds us in its
+    /// observer list until it settles. Only the canceller that wins the claim from
+    /// FOLLOWING to CANCELLED reads it, and the word is cleared (or dropped) before
+    /// `source` can go unguarded: by `source`'s deinit if it dies pending with our node
+    /// registered, by the fire callback when it settles, here when the claim fails.
     @usableFromInline
     final func follow(_ source: AnyPromise) {
-        // The followed promise is work this promise owns: cancelling us cancels it. Stored
-        // before the claim, whose CAS publishes it to a canceller that takes over from
-        // FOLLOWING (and reads it after its own CAS).
-        followee = source
+        // The continuation that calls us read `settledParent` on this thread already.
+        let parent = settledParent
+        let address = UnownedLink.address(of: source)
+        // Stored before the claim, whose CAS publishes it to a canceller that takes over
+        // from FOLLOWING (and reads it after its own CAS). A plain atomic store: the word
+        // is 0 (a continuation runs once, so a promise follows once), and no reader locks
+        // a 0 word.
+        pc_word_store(followeeWord, address)
         guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
+            // Claimed first by someone else: nothing keeps `source` alive for the word once
+            // we return, and a canceller that took over from resolve(with:)'s FOLLOWING may
+            // be reading it. Our caller holds `source`, so clearing now is in time.
+            UnownedLink.clear(followeeWord, ifPointingAt: address)
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
-        linkIntoParentChain()
-        // Before observing: once observed, `source` may fire on another thread at once,
-        // and the adoption there runs the same check (it writes `verifiedEpoch` too).
-        if let reason = cancelReasonFromAncestors() {
-            cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
-            return
-        }
+        linkIntoParentChain(parent: parent)
         observe(source, as: .following)
-        if isCancelled {
+        // Not recording: once observed, `source` may fire on another thread at once, and
+        // the adoption there runs the check again and records its epoch.
+        if let reason = cancelReasonFromAncestors(recording: false) {
+            cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
+        } else if isCancelled {
             source.cancel(reason: failure ?? CancellationError())  // cancelled meanwhile
         }
+    }
+
+    /// `source`, on which this promise's node is still registered, is dying pending (its
+    /// deinit detached the node): clear the unowned links that point at it, the parent of
+    /// a child it never fired or the followed promise of a follower, before its memory goes.
+    final func observedPromiseIsDying(at address: UInt) {
+        UnownedLink.clear(parentWord, ifPointingAt: address)
+        UnownedLink.clear(followeeWord, ifPointingAt: address)
     }
 
     // MARK: Firing (called from CoreBridge's fire callbacks)
@@ -233,7 +273,7 @@ public class AnyPromise: @unchecked Sendable {
                 return
             }
             // In flight after the parent settled: a later cancel must still reach us.
-            linkIntoParentChain()
+            linkIntoParentChain(parent: source)
             if source.cancelReasonForDescendants != nil {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
@@ -243,6 +283,9 @@ public class AnyPromise: @unchecked Sendable {
         case .following:
             let tag = source.publishedTag
             if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
+                // Only the canceller that wins FOLLOWING -> CANCELLED reads the followee
+                // link, and now none can: drop it without the lock, before `source` may go.
+                pc_word_store(followeeWord, 0)
                 if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors() {
                     turnClaimIntoCancel(from: UInt32(tag), reason: reason)
                 } else {
@@ -250,7 +293,10 @@ public class AnyPromise: @unchecked Sendable {
                 }
                 deferOnThisThread()  // publishes right after the current firing
             } else {
-                retained.release()  // cancelled while following: nothing to adopt
+                // Cancelled while following: that canceller may be reading the followee
+                // link; clear it under the lock while `source` (firing) is surely alive.
+                UnownedLink.clear(followeeWord, ifPointingAt: UnownedLink.address(of: source))
+                retained.release()  // nothing to adopt
             }
         case .idle:
             preconditionFailure("CPromiseCore fired an idle node")

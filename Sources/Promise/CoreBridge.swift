@@ -1,4 +1,5 @@
 import CPromiseCore
+import CSwiftRuntime
 
 // Every call into the C core, and every retain or release that crosses it, is in this
 // file (swift-system's Syscalls.swift is the model). Ownership rule: a node that is
@@ -79,6 +80,73 @@ extension AnyPromise {
     @usableFromInline
     final func deferOnThisThread() {
         pc_defer(nodePointer)
+    }
+
+    /// The locked word holding the parent (see `UnownedLink`).
+    final var parentWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.parent)!)
+            .assumingMemoryBound(to: UInt.self)
+    }
+
+    /// The locked word holding the followed promise (see `UnownedLink`).
+    final var followeeWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.followee)!)
+            .assumingMemoryBound(to: UInt.self)
+    }
+}
+
+// MARK: Unowned links
+
+/// References to promises that do not keep them alive, without Swift `weak`.
+///
+/// A `weak` reference gives its target a side table (an allocation) and sends every later
+/// retain and release of the target through the runtime's slow path; a child's link to its
+/// pending parent would pay that on every `then`. An unowned link is instead a plain
+/// pointer in a locked word of the C core (`pc_word_*`, see `CPromiseCore.h`):
+///
+/// - The owner stores it once, before any other thread can read it; the hot paths never
+///   touch it again.
+/// - A reader (`load`) takes the word's lock, calls `swift_tryRetain`, and unlocks: it gets
+///   a strong reference, or nil if the target has begun dying.
+/// - Whoever knows that the target is dying or is about to be left unguarded clears the
+///   word under the lock (`clear`) before the target's memory can be freed. Each link says
+///   who: `parentIfAlive` and `follow` (AnyPromise.swift), `ChildLink`, `AggregatorSlot`.
+///
+/// Why that is safe: the target's memory is freed only after its deinit finishes, and its
+/// deinit (or something that outlives the reader's window, as each link explains) clears
+/// the word under the lock. A reader that locks first tries while the memory is alive; the
+/// try fails if the count already reached zero, because the runtime sets the deiniting
+/// flag in the same atomic step as that transition, and succeeds otherwise, in which case
+/// the target cannot start dying until we release it. A reader that locks after the clear
+/// sees 0. The lock is held for one CAS, and only on cold paths (navigation, cancelling,
+/// the death of a pending promise or of a descendant linked into a registry).
+enum UnownedLink {
+    /// The address stored in a word for `promise` (no retain).
+    static func address(of promise: AnyPromise) -> UInt {
+        UInt(bitPattern: Unmanaged.passUnretained(promise).toOpaque())
+    }
+
+    /// The target, retained, or nil if there is none or it has begun dying.
+    static func load(_ word: UnsafeMutablePointer<UInt>) -> AnyPromise? {
+        // No target, no lock. A word gets its target once, before any reader that needs it
+        // can look (see `follow` for the one that is not set at init), and loses it for good.
+        guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
+        let seen = pc_word_lock(word)
+        // swift_tryRetain (CSwiftRuntime): retains unless the count already reached zero,
+        // in one CAS on the count word, which also holds the deiniting flag.
+        let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { swift_tryRetain($0) }
+        pc_word_unlock(word, seen)
+        // Balances swift_tryRetain's retain.
+        return retained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
+    }
+
+    /// Sets the word to 0 if it points at `address`, waiting out a reader that is trying
+    /// the target. After this returns, no thread can reach the target through the word.
+    static func clear(_ word: UnsafeMutablePointer<UInt>, ifPointingAt address: UInt) {
+        // The word cannot start pointing at `address` concurrently: a quick check suffices.
+        guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) == address else { return }
+        let seen = pc_word_lock(word)
+        pc_word_unlock(word, seen == address ? 0 : seen)
     }
 }
 
@@ -162,13 +230,18 @@ extension AnyPromise {
         }
 
         func stealLinks(of promise: AnyPromise) {
+            let dying = UnownedLink.address(of: promise)
             var observer = pc_detach(promise.corePointer)
             while let node = observer {
                 observer = node.pointee.next
                 if nodeFires(node, through: promiseNodeFire) {
-                    release(AnyPromise.owner(ofNode: node))
+                    // A child never fired, or a follower: its unowned links to `promise`
+                    // must go before `promise`'s memory does (see `UnownedLink`).
+                    let owner = AnyPromise.owner(ofNode: node)
+                    owner.takeUnretainedValue().observedPromiseIsDying(at: dying)
+                    release(owner)
                 } else if nodeFires(node, through: aggregatorSlotFire) {
-                    releaseAggregatorSlot(node)
+                    releaseAggregatorSlot(node, inputDyingAt: dying)
                 } else if nodeFires(node, through: waiterFire) {
                     Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
                 } else {
@@ -181,6 +254,12 @@ extension AnyPromise {
             }
             if let parent = promise.settledParentRetain {
                 promise.settledParentRetain = nil
+                if promise !== self {
+                    // Unlike `self`, which is deiniting, `promise` can still be reached (a
+                    // weak reference can load it) and its parent link read: the link must
+                    // not outlive the retain dropped here (see `parentIfAlive`).
+                    UnownedLink.clear(promise.parentWord, ifPointingAt: UInt(bitPattern: parent.toOpaque()))
+                }
                 release(parent)
             }
         }

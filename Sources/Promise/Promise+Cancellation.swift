@@ -46,7 +46,8 @@ extension AnyPromise {
     private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
         let wasFollowing = claimHint == UInt(PC_FOLLOWING)
         if settleFailure(reason, as: PC_CANCELLED) {
-            if wasFollowing, let followee { work.append(followee) }
+            // Winning FOLLOWING -> CANCELLED makes us the one reader of the followee link.
+            if wasFollowing, let followee = UnownedLink.load(followeeWord) { work.append(followee) }
         } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
@@ -83,8 +84,11 @@ extension AnyPromise {
     /// the parent checked (the forwarding epoch it recorded is still current); otherwise a
     /// walk up to the first ancestor that verified the current epoch, the root, or a
     /// pending ancestor (whose own cancel still reaches its children by firing them).
+    ///
+    /// `recording: false` only looks (for a promise that may be adopting an outcome on
+    /// another thread meanwhile, which records for itself).
     @usableFromInline
-    final func cancelReasonFromAncestors() -> (any Error)? {
+    final func cancelReasonFromAncestors(recording: Bool = true) -> (any Error)? {
         guard let parentRetain = settledParentRetain else { return nil }  // a root, or settled from outside
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = UInt(pc_forwarding_epoch())
@@ -96,7 +100,7 @@ extension AnyPromise {
                 && (parent.verifiedEpoch == AncestorCheck.noAncestors || (quiet && parent.verifiedEpoch == epoch))
         }
         if parentSuffices {
-            verifiedEpoch = quiet ? epoch : AncestorCheck.unverified
+            if recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
             return nil
         }
         var ancestor = parentRetain.takeUnretainedValue()
@@ -104,12 +108,12 @@ extension AnyPromise {
             if let reason = ancestor.cancelReasonForDescendants { return reason }
             let verified = ancestor.verifiedEpoch
             if verified == AncestorCheck.noAncestors || (quiet && verified == epoch) { break }
-            // `weakParent`, not `settledParent`: an ancestor settled from outside may still
+            // `parentIfAlive`, not `settledParent`: an ancestor settled from outside may still
             // be getting its settled parent stored by another thread.
-            guard let up = ancestor.weakParent, !up.isPending else { break }
+            guard let up = ancestor.parentIfAlive, !up.isPending else { break }
             ancestor = up
         }
-        verifiedEpoch = quiet ? epoch : AncestorCheck.unverified
+        if recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
         return nil
     }
 
@@ -178,31 +182,54 @@ enum AncestorCheck {
 
 // MARK: The registry of descendants in flight
 
-/// A weak link from a promise to a descendant that is in flight after the promise
-/// settled. Weak, so the registry never keeps a settled subtree alive; dead links are
+/// A link from a promise to a descendant that is in flight after the promise settled, in
+/// the promise's cancellation registry. It must not keep the descendant alive (the registry
+/// would keep settled subtrees alive), so the descendant is an unowned link (see
+/// `UnownedLink`) that the descendant clears in its deinit, before its memory goes; the
+/// descendant holds the link for that (`registryLink`). Links whose word is 0 are dead and
 /// pruned as the registry grows.
 final class ChildLink {
-    final var node = pc_node()  // first stored property: the registry's intrusive link
-    weak var child: AnyPromise?
+    struct Words {
+        var node = pc_node()  // first: the registry's intrusive link (see `linkNode`)
+        var child: UInt       // the descendant, unowned
+    }
+
+    final var words: Words  // first stored property: the node sits right after the header
 
     init(_ child: AnyPromise) {
-        self.child = child
+        words = Words(child: UnownedLink.address(of: child))
+    }
+
+    /// The locked word holding the descendant.
+    final var childWord: UnsafeMutablePointer<UInt> {
+        (_getUnsafePointerToStoredProperties(self) + MemoryLayout<Words>.offset(of: \Words.child)!)
+            .assumingMemoryBound(to: UInt.self)
     }
 }
 
 extension AnyPromise {
     /// Links this promise into its parent's registry, and the parent into its own, up to
     /// the first ancestor that is linked already (each link is made once).
-    final func linkIntoParentChain() {
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds (the thread that
+    ///   fired this promise, or its continuation), so reading it needs no lock.
+    final func linkIntoParentChain(parent: AnyPromise?) {
         var promise: AnyPromise = self
-        while let parent = promise.weakParent,
-              pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
-            parent.addChildLink(ChildLink(promise))
-            if let reason = parent.cancelReasonForDescendants {
+        var next = parent
+        while let up = next, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
+            let link = ChildLink(promise)
+            // Setting LINKED made this thread the only writer: the promise's own reference
+            // to its link, which its deinit uses to clear the link's word, then drops.
+            promise.registryLink = Unmanaged.passRetained(link)
+            up.addChildLink(link)
+            if let reason = up.cancelReasonForDescendants {
                 // The parent's cancel may have missed this fresh link: apply it here.
                 promise.cancel(reason: reason)
             }
-            promise = parent
+            promise = up
+            // An ancestor that is linked already ends the walk: skip reading its parent
+            // (a locked read), which pc_family_set would then refuse anyway.
+            next = pc_family(up.corePointer) & UInt(PC_FAMILY_LINKED) != 0 ? nil : up.parentIfAlive
         }
     }
 
@@ -222,24 +249,38 @@ extension AnyPromise {
         guard node != nil else { return }
         var taken: UInt = 0
         var kept: [Unmanaged<ChildLink>] = []
+        // The live children, held, for the re-applied cancel: once the links are back in
+        // the registry another thread may prune (free) them, so they are not read again.
+        var live: [AnyPromise] = []
         while let current = node {
             node = current.pointee.next
             taken += 1
             let link = Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize)
-            if let child = link.takeUnretainedValue().child {
+            // We own the registry's retain of the link until we push it back.
+            if let child = UnownedLink.load(link.takeUnretainedValue().childWord) {
                 body(child)
                 kept.append(link)
+                if reapplyingCancel { live.append(child) }
                 continue
             }
-            link.release()
+            link.release()  // its child died (and cleared the word): prune
         }
         for link in kept.reversed() {
             _ = pc_children_push(corePointer, linkNode(link))
         }
         pc_children_forget(corePointer, taken)
-        if reapplyingCancel, !kept.isEmpty, let reason = cancelReasonForDescendants {
-            for link in kept { link.takeUnretainedValue().child?.cancel(reason: reason) }
+        if reapplyingCancel, !live.isEmpty, let reason = cancelReasonForDescendants {
+            for child in live { child.cancel(reason: reason) }
         }
+    }
+
+    /// The deinit's half of a registry link: no thread may reach this dying promise through
+    /// its parent's registry any more; then drop our reference to the link.
+    final func releaseRegistryLink() {
+        guard let link = registryLink else { return }
+        registryLink = nil
+        UnownedLink.clear(link.takeUnretainedValue().childWord, ifPointingAt: UnownedLink.address(of: self))
+        link.release()
     }
 
     /// Releases the registry's links (deinit only).

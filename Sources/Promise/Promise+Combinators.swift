@@ -149,7 +149,7 @@ extension Promise {
         output.onCancel(withReason: { [weak aggregator] reason in
             aggregator?.cancelPendingInputs(reason: reason)
         })
-        aggregator.start()
+        aggregator.start(inputs)
         return output
     }
 }

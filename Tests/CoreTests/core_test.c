@@ -1034,6 +1034,127 @@ static void test_forwarding_epoch(verdict *v) {
           "one epoch per forward");
 }
 
+/* ---- 5. locked words: readers never touch a freed target -------------------------- */
+
+/*
+ * The overlay's protocol for references that do not keep their target alive, played with
+ * a C reference count: the target starts with one reference (the owner's); readers load
+ * the word, lock it, try to take a reference (a CAS that fails at zero, like
+ * swift_tryRetain), unlock, use the target and drop their reference. Whoever drops the last
+ * reference finishes the target: clears the word under its lock, then marks the target
+ * dead. Dead targets are kept until the check (a quarantine instead of free), so a reader
+ * that touches one sees DEAD instead of undefined behaviour (the check frees it).
+ */
+enum { WORD_READERS = 3, TARGET_LIVE = 0x11fe, TARGET_DEAD = 0xdead };
+
+typedef struct {
+    atomic_uint references;
+    atomic_uint magic;
+} word_target;
+
+typedef struct {
+    uintptr_t word;
+    word_target *target;          /* this round's, for the check */
+    unsigned long tries[WORD_READERS + 1], successes[WORD_READERS + 1];
+    unsigned long touched_dead[WORD_READERS + 1]; /* per thread: no shared counter to race on */
+    unsigned long finished_by_reader;
+    bool finished_by[WORD_READERS + 1];
+} word_context;
+
+static void word_finish(word_context *w, word_target *t, unsigned me) {
+    uintptr_t seen = pc_word_lock(&w->word);
+    pc_word_unlock(&w->word, seen == (uintptr_t)t ? 0 : seen);
+    /* relaxed: the word's lock orders this after every reader's try on the target */
+    atomic_store_explicit(&t->magic, TARGET_DEAD, memory_order_relaxed);
+    w->finished_by[me] = true;
+}
+
+static void word_release(word_context *w, word_target *t, unsigned me) {
+    /* acq_rel: the last release sees every earlier holder's use of the target */
+    if (atomic_fetch_sub_explicit(&t->references, 1, memory_order_acq_rel) == 1) {
+        word_finish(w, t, me);
+    }
+}
+
+static void word_prepare(void *context, unsigned long round) {
+    word_context *w = context;
+    (void)round;
+    word_target *t = malloc(sizeof *t);
+    if (t == NULL) {
+        abort();
+    }
+    atomic_init(&t->references, 1);
+    atomic_init(&t->magic, TARGET_LIVE);
+    w->target = t;
+    memset(w->finished_by, 0, sizeof w->finished_by);
+    pc_word_store(&w->word, (uintptr_t)t); /* before the crew starts: no reader yet */
+}
+
+static void word_play(void *context, unsigned me, unsigned long round) {
+    word_context *w = context;
+    if (me == 0) {
+        spin_for((unsigned)(round * 53 % 600)); /* vary where the owner's release lands */
+        word_release(w, w->target, 0);
+        return;
+    }
+    for (unsigned attempt = 0; attempt < 200; attempt++) {
+        uintptr_t seen = pc_word_load(&w->word) & ~(uintptr_t)PC_WORD_LOCKED;
+        if (seen == 0) {
+            return; /* cleared: the target is finished or about to be */
+        }
+        word_target *t = (word_target *)pc_word_lock(&w->word);
+        bool taken = false;
+        if (t != NULL) {
+            w->tries[me] += 1;
+            w->touched_dead[me] += atomic_load_explicit(&t->magic, memory_order_relaxed) != TARGET_LIVE;
+            unsigned count = atomic_load_explicit(&t->references, memory_order_relaxed);
+            while (count != 0 && !taken) {
+                taken = atomic_compare_exchange_weak_explicit(&t->references, &count, count + 1,
+                                                              memory_order_relaxed, memory_order_relaxed);
+            }
+        }
+        pc_word_unlock(&w->word, (uintptr_t)t);
+        if (taken) {
+            w->successes[me] += 1;
+            w->touched_dead[me] += atomic_load_explicit(&t->magic, memory_order_relaxed) != TARGET_LIVE;
+            word_release(w, t, me);
+        }
+    }
+}
+
+static void word_check(void *context, unsigned long round, verdict *v) {
+    word_context *w = context;
+    (void)round;
+    word_target *t = w->target;
+    unsigned long touched_dead = 0;
+    for (unsigned i = 1; i <= WORD_READERS; i++) {
+        touched_dead += w->touched_dead[i];
+    }
+    CHECK(v, touched_dead == 0, "a reader touched a finished target (%lu times)", touched_dead);
+    CHECK(v, w->word == 0, "the finished target's word was not cleared");
+    CHECK(v, atomic_load(&t->references) == 0 && atomic_load(&t->magic) == TARGET_DEAD,
+          "target not finished: %u references", atomic_load(&t->references));
+    unsigned finishers = 0;
+    for (unsigned i = 0; i <= WORD_READERS; i++) {
+        finishers += w->finished_by[i];
+    }
+    CHECK(v, finishers == 1, "%u threads finished the target", finishers);
+    w->finished_by_reader += !w->finished_by[0];
+    free(t);
+}
+
+static void word_summary(void *context, unsigned long rounds) {
+    word_context *w = context;
+    (void)rounds;
+    unsigned long tries = 0, successes = 0;
+    for (unsigned i = 1; i <= WORD_READERS; i++) {
+        tries += w->tries[i];
+        successes += w->successes[i];
+    }
+    printf("# reader tries %lu, took a reference %lu, found it dying %lu; rounds finished by a "
+           "reader %lu\n", tries, successes, tries - successes, w->finished_by_reader);
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(void) {
@@ -1067,6 +1188,13 @@ int main(void) {
         race_prepare, race_play, race_check, race_summary,
     };
     run_stress(&registration_race, &racing);
+
+    static word_context words;
+    const stress_test locked_word = {
+        "locked word: readers never touch a finished target", 1 + WORD_READERS, 20000,
+        word_prepare, word_play, word_check, word_summary,
+    };
+    run_stress(&locked_word, &words);
 
     printf("%u passed, %u failed\n", tests_passed, tests_failed);
     return tests_failed == 0 ? 0 : 1;

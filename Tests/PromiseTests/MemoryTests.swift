@@ -202,6 +202,192 @@ final class MemoryTests: XCTestCase {
         XCTAssertNil(kept)
     }
 
+    /// A pending parent dies while its child, and the child's child, live: every link up
+    /// to it answers nil from then on (the dying parent cleared them), `root` stops at the
+    /// orphan, and the orphans still work (they stay pending and can be cancelled).
+    func testPendingParentDroppedWhileDescendantsLiveLeavesThemRootedAtTheOrphan() {
+        weak var weakParent: Promise<Int>?
+        var child: Promise<Int>?
+        var grandchild: Promise<String>?
+        do {
+            let parent = Promise<Int>()
+            weakParent = parent
+            child = parent.then(on: .immediate) { $0 + 1 }
+            grandchild = child?.map { "\($0)" }
+            XCTAssertTrue(grandchild?.root === parent)
+        }
+        XCTAssertNil(weakParent)
+        guard let child, let grandchild else { return XCTFail("dropped too early") }
+        XCTAssertNil(child.parent)
+        XCTAssertTrue(child.root === child)
+        XCTAssertTrue(grandchild.parent === child)
+        XCTAssertTrue(grandchild.root === child)
+        XCTAssertEqual(child.state, .pending)
+        child.cancel(reason: TestError(7))
+        assertCancelled(grandchild, reason: 7)
+    }
+
+    /// The promise a handler returned dies pending while the child that follows it lives
+    /// (nothing else holds it): cancelling the child afterwards finds no followed promise
+    /// to cancel, and does not touch the freed one.
+    func testFollowedPromiseDroppedPendingThenFollowerCancelled() {
+        final class WeakBox: @unchecked Sendable { weak var promise: AnyPromise? }
+        let followedRef = WeakBox()
+        let parent = Promise<Int>()
+        let follower = parent.flatMap(on: .immediate) { _ -> Promise<Int> in
+            let followed = Promise<Int>()
+            followedRef.promise = followed
+            return followed
+        }
+        parent.fulfill(1)
+        XCTAssertNil(followedRef.promise, "the follower kept the promise it follows alive")
+        XCTAssertEqual(follower.state, .pending)
+        follower.cancel(reason: TestError(8))
+        assertCancelled(follower, reason: 8)
+    }
+
+    /// Cancelling a follower cancels the promise it follows while that one is alive (the
+    /// follower reaches it through its unowned link).
+    func testCancellingFollowerCancelsTheLiveFollowedPromise() {
+        let followed = Promise<Int>()
+        let parent = Promise<Int>()
+        let follower = parent.flatMap(on: .immediate) { _ in followed }
+        parent.fulfill(1)
+        follower.cancel(reason: TestError(9))
+        assertCancelled(follower, reason: 9)
+        assertCancelled(followed, reason: 9)
+    }
+
+    /// A child in flight on a queue links itself into its settled parent's cancellation
+    /// registry without being kept by it: once its handler ran and nobody holds it, it is
+    /// freed, and a cancel forwarded through the parent afterwards finds a dead link (and
+    /// drops it) instead of a freed child.
+    func testChildInFlightIsFreedThenParentCancelSkipsItsLink() {
+        let queue = DispatchQueue(label: "PromiseTests.registry")
+        let parent = Promise(value: 1)
+        weak var weakChild: Promise<Int>?
+        var kept: Promise<Int>?
+        do {
+            let child = parent.then(on: queue) { $0 + 1 }
+            weakChild = child
+            kept = parent.then(on: queue) { $0 + 2 }
+        }
+        queue.sync {}
+        XCTAssertTrue(eventually { weakChild == nil }, "the registry kept a settled child alive")
+        parent.cancel(reason: TestError(5))
+        XCTAssertEqual(parent.state, .fulfilled)
+        XCTAssertEqual(kept.map { value($0) }, 3)
+        kept = nil
+    }
+
+    /// An aggregate holds its inputs without keeping them: an input dropped while pending
+    /// is freed, and cancelling the aggregate afterwards cancels the inputs still alive.
+    func testAggregateInputDroppedPendingThenAggregateCancelled() {
+        weak var weakDropped: Promise<Int>?
+        let kept = Promise<Int>()
+        let all: Promise<[Int]>
+        do {
+            let dropped = Promise<Int>()
+            weakDropped = dropped
+            all = Promise.all([kept, dropped])
+        }
+        XCTAssertNil(weakDropped, "the aggregate kept a pending input alive")
+        all.cancel(reason: TestError(6))
+        assertCancelled(all, reason: 6)
+        assertCancelled(kept, reason: 6)
+    }
+
+    /// Dropping a settled chain releases it in a loop, each ancestor's retain of its parent
+    /// taken before the ancestor itself dies; user code that runs meanwhile (here the
+    /// deinit of a value) can still load an ancestor through a weak reference and keep it.
+    /// That ancestor must then answer no parent, not the one the loop went on to free
+    /// (reading that one's freed memory crashes this test, or worse).
+    func testAncestorKeptDuringIterativeReleaseAnswersNoParent() {
+        final class Resurrector: @unchecked Sendable {
+            weak var target: AnyPromise?
+            var kept: AnyPromise?
+        }
+        final class OnDeinit: Sendable {
+            let body: @Sendable () -> Void
+            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+            deinit { body() }
+        }
+        let resurrector = Resurrector()
+        weak var weakRoot: Promise<Int>?
+        var leaf: Promise<Int>?
+        do {
+            let root = Promise<Int>()
+            let grandparent = root.then(on: .immediate) { $0 + 1 }
+            let parent = grandparent.then(on: .immediate) { $0 + 1 }
+            // Its value's deinit runs while the loop releases the chain, after `parent` has
+            // been handed the loop and lost its retain of `grandparent`.
+            let child = parent.then(on: .immediate) { _ in
+                OnDeinit { resurrector.kept = resurrector.target }
+            }
+            leaf = child.then(on: .immediate) { _ in 1 }
+            resurrector.target = parent
+            weakRoot = root
+            root.fulfill(0)
+        }
+        XCTAssertEqual(leaf?.state, .fulfilled)
+        leaf = nil  // the loop releases child, parent, grandparent, root
+        XCTAssertNil(weakRoot)
+        guard let kept = resurrector.kept else { return XCTFail("the weak reference did not load") }
+        XCTAssertNil(kept.parent)
+        XCTAssertTrue(kept.root === kept)
+        resurrector.kept = nil
+    }
+
+    /// `parent` and `root` read from many threads while the last reference to a pending
+    /// parent (and to the middle of a chain) is dropped on another: every read answers the
+    /// parent itself or nil, never anything else, nothing crashes (ASan and TSan runs check
+    /// the memory side), and once the parent is gone every read answers nil.
+    func testNavigationFromManyThreadsWhilePendingAncestorsAreReleased() {
+        let readers = 4
+        for round in 0..<200 {
+            final class Holder: @unchecked Sendable {
+                var promises: [AnyPromise]
+                init(_ promises: [AnyPromise]) { self.promises = promises }
+            }
+            let top = Promise<Int>()
+            let middle = top.then(on: .immediate) { $0 + 1 }
+            let leaf = middle.then { $0 + 1 }
+            let topID = ObjectIdentifier(top), middleID = ObjectIdentifier(middle), leafID = ObjectIdentifier(leaf)
+            weak let weakTop = top
+            weak let weakMiddle = middle
+            let holder = Holder([top, middle])
+            _ = consume top
+            _ = consume middle
+            let wrongAnswers = Counter()
+            let start = DispatchSemaphore(value: 0)
+            let group = DispatchGroup()
+            for _ in 0..<readers {
+                DispatchQueue.global().async(group: group) {
+                    start.wait()
+                    // Bounded: readers briefly keep the ancestors alive themselves.
+                    for _ in 0..<10_000 {
+                        let parent = leaf.parent
+                        let root = leaf.root
+                        if let parent, ObjectIdentifier(parent) != middleID { wrongAnswers.increment() }
+                        let rootID = ObjectIdentifier(root)
+                        if rootID != topID && rootID != middleID && rootID != leafID { wrongAnswers.increment() }
+                        if parent == nil { break }
+                    }
+                }
+            }
+            for _ in 0..<readers { start.signal() }
+            usleep(UInt32(round % 5) * 20)
+            holder.promises = []  // the last references: the ancestors die here or in a reader
+            XCTAssertEqual(group.wait(timeout: .now() + testTimeoutSeconds), .success)
+            XCTAssertEqual(wrongAnswers.value, 0, "round \(round): a read answered another promise")
+            XCTAssertNil(leaf.parent, "round \(round)")
+            XCTAssertTrue(leaf.root === leaf, "round \(round)")
+            XCTAssertNil(weakTop, "round \(round): the top leaked")
+            XCTAssertNil(weakMiddle, "round \(round): the middle leaked")
+            if wrongAnswers.value != 0 || weakTop != nil { return }
+        }
+    }
+
     // MARK: A child holds its settled parent
 
     func testChildHoldsItsSettledParent() {

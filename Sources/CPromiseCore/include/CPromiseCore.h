@@ -52,6 +52,11 @@
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
  *   pc_once         any thread                       wait-free (one CAS)
+ *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
+ *                                                    holders run a few instructions
+ *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
+ *   pc_word_store,
+ *   pc_word_unlock
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which.
@@ -123,6 +128,10 @@ struct pc_promise {
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
+    uintptr_t parent;     /* atomic, never touched here: the overlay's unretained link to
+                             the promise this one was derived from, a locked word (below) */
+    uintptr_t followee;   /* atomic, never touched here: likewise, to the promise this one
+                             follows */
 };
 
 /*
@@ -249,6 +258,50 @@ typedef struct pc_waiter {
     uintptr_t decided;
     uintptr_t remaining;
 } pc_waiter;
+
+/*
+ * Locked words: a reference that does not keep its target alive and never dangles.
+ *
+ * The word holds a pointer to an object (or 0) and, in bit 0 (PC_WORD_LOCKED), a spin
+ * lock. The lock guards exactly one thing: the target's memory is not freed while a
+ * thread holds it. The protocol, which the caller follows (the Swift overlay, with its
+ * runtime's reference counts):
+ *
+ *   reader:  load the word; 0 means no target. Otherwise pc_word_lock, try to take a
+ *            reference that fails once the target has begun dying (swift_tryRetain),
+ *            pc_word_unlock with the same value. Only the try happens under the lock.
+ *   target:  before its memory is freed, whoever finishes it clears every word that
+ *            points at it: pc_word_lock, pc_word_unlock with 0. Waiting for the lock
+ *            waits out a reader that loaded the pointer and is trying it.
+ *   owner:   stores the first value before any other thread can load the word (a plain
+ *            store before the object is shared, or pc_word_store to a zero word, which
+ *            no reader locks). From then on, only holders of the lock change the word,
+ *            except through pc_word_store when no reader can exist (the caller says why).
+ *
+ * So a reader either locks the word before the target's clear, and its try runs while the
+ * memory is certainly alive (succeeding only if the target is not dying), or after it,
+ * and sees 0. The lock is for cold paths (navigation, cancellation, a pending target's
+ * death): hot paths store the word once and never lock it.
+ */
+#define PC_WORD_LOCKED 1u
+
+/* The word, lock bit included (acquire: a target seen here was fully initialised). */
+uintptr_t pc_word_load(const uintptr_t *_Nonnull word);
+
+/*
+ * Stores `value` (lock bit clear) where no thread can hold the lock (release: publishes
+ * the target's initialisation to a reader that later loads the value).
+ */
+void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
+
+/*
+ * Takes the word's lock, spinning (then yielding) while another thread holds it, and
+ * returns the word's value without the lock bit.
+ */
+uintptr_t pc_word_lock(uintptr_t *_Nonnull word);
+
+/* For the lock's holder: stores `value` (lock bit clear), which releases the lock. */
+void pc_word_unlock(uintptr_t *_Nonnull word, uintptr_t value);
 
 /*
  * For the owner's deinit only: the observers still registered on a promise that never

@@ -1,0 +1,27 @@
+/*
+ * Entry points of the Swift runtime (libswiftCore, which every Swift program links) that
+ * the overlay calls directly. Declared here, in C, so that Swift calls them with the C
+ * calling convention the runtime exports them with; Swift reserves their names for
+ * @_silgen_name. The C core never uses them: its tests link without the Swift runtime.
+ */
+#ifndef CSWIFTRUNTIME_H
+#define CSWIFTRUNTIME_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Retains `object` and returns it, or returns NULL without retaining once the object has
+ * begun deinitialising (its strong count reached zero). One CAS on the object's reference
+ * count word, which also holds the deiniting flag. Valid only while the object's memory is
+ * (the caller must know it has not been freed; see UnownedLink in the overlay).
+ * Declared in the runtime's swift/Runtime/HeapObject.h as HeapObject *(HeapObject *).
+ */
+void *_Nullable swift_tryRetain(void *_Nonnull object);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CSWIFTRUNTIME_H */
