@@ -19,7 +19,7 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-_Static_assert(sizeof(pc_promise) == 11 * sizeof(void *), "pc_promise is eleven words");
+_Static_assert(sizeof(pc_promise) == 13 * sizeof(void *), "pc_promise is thirteen words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -272,6 +272,16 @@ uintptr_t pc_family(const pc_promise *promise) {
     /* acquire: pairs with the full CAS in pc_family_set; a PUBLISHED bit seen here makes
      * the reason stored before it visible. */
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
+}
+
+bool pc_node_claim(pc_node *node, pc_fire_fn fire) {
+    /* No ordering: an election only. The winner's later writes (the observer it stores)
+     * are published by the release push of its pc_observe, not by this CAS; a claimed
+     * node seen here just sends the caller to a node of its own, without a CAS. */
+    if (AO_load((volatile AO_t *)(void *)&node->fire) != 0) {
+        return false;
+    }
+    return AO_compare_and_swap((volatile AO_t *)(void *)&node->fire, (AO_t)0, (AO_t)(uintptr_t)fire) != 0;
 }
 
 bool pc_once(uintptr_t *flag) {

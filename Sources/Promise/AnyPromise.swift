@@ -114,8 +114,13 @@ public class AnyPromise: @unchecked Sendable {
     /// the claim winner before it publishes; read by descendants after they saw it settled.
     @usableFromInline @exclusivity(unchecked) final var verifiedEpoch: UInt
 
+    /// No parent: `continuation` and `context` are free for the first `whenComplete`
+    /// (see `claimFirstObserverSlot`).
+    @usableFromInline final let isRoot: Bool
+
     @usableFromInline
     init(parent: AnyPromise?) {
+        isRoot = parent == nil
         verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
         if let parent, parent.publishedTag != UInt(PC_PENDING) {
             parentSettledAtCreation = true

@@ -125,6 +125,18 @@ extension Promise {
 // a retain and a release of each promise around the (opaque) handler call, which on
 // promises with a side table take the runtime's slow path.
 extension Continuation {
+    /// `whenComplete` kept in a root's first-observer slot: hands the outcome to `body`.
+    /// (`target` is the same promise; nothing is settled.)
+    @inlinable
+    static func completion<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (Result<T, any Error>) -> Void) -> Continuation {
+        typealias Body = @Sendable (Result<T, any Error>) -> Void
+        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, _ in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            body(unsafeDowncast(source.unsafelyUnwrapped, to: Promise<T>.self).settledResult.unsafelyUnwrapped)
+        }
+    }
+
     @inlinable
     static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> Continuation {
         typealias Body = @Sendable (T) throws -> U

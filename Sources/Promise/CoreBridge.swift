@@ -171,6 +171,62 @@ func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
+// MARK: The first observer, inline in a root
+
+extension AnyPromise {
+    @inlinable
+    static var firstObserverOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.first_observer)! }
+
+    @inlinable
+    final var firstObserverPointer: UnsafeMutablePointer<pc_node> {
+        (UnsafeMutableRawPointer(corePointer) + AnyPromise.firstObserverOffsetInCore).assumingMemoryBound(to: pc_node.self)
+    }
+
+    /// Elects the caller to keep its observer in this promise's first-observer slot: only
+    /// a root's (a root never uses `continuation` and `context`, which hold it), and only
+    /// one caller, ever. The caller must then call `fillFirstObserverSlot`.
+    @usableFromInline
+    final func claimFirstObserverSlot() -> Bool {
+        isRoot && pc_node_claim(firstObserverPointer, firstObserverFire)
+    }
+
+    /// Stores the observer of the caller that claimed the slot and registers the slot's
+    /// node on this promise. The node carries no retain: a promise does not keep itself
+    /// alive (it would never be freed while pending). Firing takes one for as long as the
+    /// observer waits for its context or the trampoline; a promise that dies pending skips
+    /// the node (`releaseOwnedLinksIteratively`) and destroys the unrun observer with
+    /// `continuation`.
+    @usableFromInline
+    final func fillFirstObserverSlot(_ observer: consuming Continuation, on context: any ExecutionContext) {
+        continuation = consume observer
+        self.context = context
+        pc_observe(corePointer, firstObserverPointer)  // the release push publishes both fields
+    }
+
+    /// Runs the observer in the first-observer slot, once.
+    final func runFirstObserver() {
+        guard let observer = continuation.take() else { return }
+        observer.run(self, self)
+    }
+}
+
+/// The fire callback of a root's first-observer slot (see `fillFirstObserverSlot`).
+func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let core = (UnsafeMutableRawPointer(node) - AnyPromise.firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self)
+    let owner = AnyPromise.owner(ofCore: core)
+    guard source != nil else {
+        owner.takeRetainedValue().runFirstObserver()  // deferred: the retain taken below
+        return
+    }
+    let promise = owner.takeUnretainedValue()
+    if promise.context.isImmediate {
+        _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
+        pc_defer(node)
+    } else {
+        promise.context.execute { promise.runFirstObserver() }
+    }
+}
+
 extension ObserverBox {
     @inlinable
     final var nodePointer: UnsafeMutablePointer<pc_node> {
@@ -242,6 +298,8 @@ extension AnyPromise {
                     release(owner)
                 } else if nodeFires(node, through: aggregatorSlotFire) {
                     releaseAggregatorSlot(node, inputDyingAt: dying)
+                } else if nodeFires(node, through: firstObserverFire) {
+                    continue  // the promise's own slot, no retain: its observer dies with it
                 } else if nodeFires(node, through: waiterFire) {
                     Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
                 } else {

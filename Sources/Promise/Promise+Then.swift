@@ -197,6 +197,12 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Result<Value, any Error>) -> Void
     ) {
-        CompletionObserver(context: context, body: body).register(on: self)
+        // The first observer of a root lives in the promise itself (no allocation); the
+        // others, and observers of children, in a box each.
+        if claimFirstObserverSlot() {
+            fillFirstObserverSlot(.completion(Value.self, body), on: context)
+        } else {
+            CompletionObserver(context: context, body: body).register(on: self)
+        }
     }
 }

@@ -314,6 +314,52 @@ final class ContinuationTests: XCTestCase {
         XCTAssertEqual(seen.values, [72])
     }
 
+    // The first whenComplete on a root is kept in the promise itself, the others in boxes
+    // of their own: the two kinds must behave the same.
+
+    func testFirstAndLaterObserversOfARootRunInRegistrationOrder() {
+        let queue = DispatchQueue(label: "PromiseTests.first-observer")
+        for context: any ExecutionContext in [ImmediateExecutionContext.immediate, queue] {
+            let order = Recorder<Int>()
+            let p = Promise<Int>()
+            for index in 0..<5 {
+                p.whenComplete(on: context) { result in
+                    if case .success(let v) = result { order.append(index * 100 + v) }
+                }
+            }
+            p.fulfill(7)
+            queue.sync {}
+            XCTAssertEqual(order.values, [7, 107, 207, 307, 407], "on \(type(of: context))")
+        }
+    }
+
+    func testFirstObserverOfARootRunsOnItsContextNeverInline() {
+        let queue = DispatchQueue(label: "PromiseTests.first-observer-context")
+        let key = DispatchSpecificKey<Int>()
+        queue.setSpecific(key: key, value: 1)
+        let onQueue = Recorder<Bool>()
+        let p = Promise(value: 3)  // settled: a context still runs it later, not in the call
+        // On the queue (so not inline in the registering call, on this thread).
+        p.whenComplete(on: queue) { _ in onQueue.append(DispatchQueue.getSpecific(key: key) == 1) }
+        queue.sync {}
+        XCTAssertEqual(onQueue.values, [true])
+    }
+
+    func testImmediateFirstObserversSettlingTheNextRootRunInConstantStackDepth() {
+        // Each root's first observer fulfils the next root: 100k of them deep would
+        // overflow the stack if the slot's observer ran inside the settle that fired it.
+        let count = 100_000
+        let roots = (0..<count).map { _ in Promise<Int>() }
+        for index in 0..<(count - 1) {
+            let next = roots[index + 1]
+            roots[index].whenComplete(on: .immediate) { result in
+                if case .success(let v) = result { next.fulfill(v + 1) }
+            }
+        }
+        roots[0].fulfill(0)
+        XCTAssertEqual(value(roots[count - 1]), count - 1)
+    }
+
     // MARK: Exactly once
 
     /// Every form registered on one serial queue; the promise is settled, then the

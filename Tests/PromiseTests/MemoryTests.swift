@@ -388,6 +388,57 @@ final class MemoryTests: XCTestCase {
         }
     }
 
+    func testAPendingRootDroppedWithObserversReleasesThemUnrunAndIsFreed() {
+        // The first observer lives in the root itself (no retain of it: a promise must
+        // not keep itself alive), the second in a box.
+        weak var weakRoot: Promise<Int>?
+        weak var weakFirst: Token?
+        weak var weakSecond: Token?
+        let ran = Recorder<Int>()
+        do {
+            let root = Promise<Int>()
+            let first = Token(), second = Token()
+            weakRoot = root
+            weakFirst = first
+            weakSecond = second
+            root.whenComplete(on: .immediate) { _ in ran.append(first.use(1)) }
+            root.whenComplete(on: .immediate) { _ in ran.append(second.use(2)) }
+        }
+        XCTAssertNil(weakRoot, "a pending root with observers must be freed when dropped")
+        XCTAssertNil(weakFirst, "the first observer (kept in the root) was not released")
+        XCTAssertNil(weakSecond, "the second observer (in a box) was not released")
+        XCTAssertEqual(ran.values, [], "freeing is not settling: no observer may run")
+    }
+
+    /// Holds the only reference to a promise until a test takes it out.
+    private final class RootHolder: @unchecked Sendable {
+        private let lock = NSLock()
+        private var promise: Promise<Int>?
+        init(_ promise: Promise<Int>) { self.promise = promise }
+        func peek() -> Promise<Int> { lock.lock(); defer { lock.unlock() }; return promise! }
+        func takeOut() -> Promise<Int> { lock.lock(); defer { lock.unlock(); promise = nil }; return promise! }
+    }
+
+    func testAFirstObserverOutlivesTheSettlersReferenceUntilItRan() {
+        // The only reference to the root is dropped inside the settle (by the observer
+        // before it), while the first observer still waits on the trampoline or the queue.
+        let queue = DispatchQueue(label: "PromiseTests.first-observer-lifetime")
+        for context: any ExecutionContext in [ImmediateExecutionContext.immediate, queue] {
+            let seen = Recorder<Int>()
+            let outer = Promise<Int>()
+            let holder = RootHolder(Promise<Int>())
+            holder.peek().whenComplete(on: context) { result in
+                if case .success(let v) = result { seen.append(v) }
+            }
+            outer.whenComplete(on: .immediate) { _ in
+                holder.takeOut().fulfill(9)  // the root goes away when this observer returns
+            }
+            outer.fulfill(0)
+            queue.sync {}
+            XCTAssertEqual(seen.values, [9], "on \(type(of: context))")
+        }
+    }
+
     // MARK: A child holds its settled parent
 
     func testChildHoldsItsSettledParent() {

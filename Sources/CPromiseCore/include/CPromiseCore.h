@@ -52,6 +52,7 @@
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
  *   pc_once         any thread                       wait-free (one CAS)
+ *   pc_node_claim   any thread                       wait-free (one load, one CAS)
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
@@ -132,6 +133,9 @@ struct pc_promise {
                              the promise this one was derived from, a locked word (below) */
     uintptr_t followee;   /* atomic, never touched here: likewise, to the promise this one
                              follows */
+    pc_node first_observer; /* a node for the overlay's first `whenComplete` on a root, so
+                               that observer needs no allocation (NIO's CallbackList keeps
+                               its first callback inline too); claimed with pc_node_claim */
 };
 
 /*
@@ -237,6 +241,13 @@ uintptr_t pc_forwarding_epoch(void);
  * reaches zero see every earlier caller's. Aborts on underflow.
  */
 uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
+
+/*
+ * Claims a free node (fire == NULL) for `fire`; true for the one caller that did. Lets
+ * racing registrations elect who may use a node embedded in a promise (first_observer);
+ * the losers use nodes of their own. Wait-free: one load, then at most one CAS.
+ */
+bool pc_node_claim(pc_node *_Nonnull node, pc_fire_fn _Nonnull fire);
 
 /*
  * A one-shot election: sets *flag from 0 to 1 and returns true for the one caller that
