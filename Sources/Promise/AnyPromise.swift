@@ -314,7 +314,10 @@ public class AnyPromise: @unchecked Sendable {
     final func runDeferred() {
         switch role {
         case .continuation:
-            guard let parent = settledParent, let reason = parent.cancelReasonForDescendants else {
+            // The common case first, without a strong copy of the parent (a retain and a
+            // release) or building an optional error: no cancel to pass down.
+            let cancelToPassDown = settledParentRetain?._withUnsafeGuaranteedRef { $0.carriesCancelForDescendants } ?? false
+            guard cancelToPassDown, let parent = settledParent, let reason = parent.cancelReasonForDescendants else {
                 runContinuation()
                 return
             }
