@@ -425,7 +425,7 @@ ltl all_fire { <> ALL_FIRED }
 byte children = 0;           /* P.children: head of the link stack (0: NULL) */
 byte lnext[NCHILD + 1];      /* link->next */
 byte family = 0;             /* P.family: CANCEL_CLAIMED | CANCEL_PUBLISHED (LINKED and the
-                                count from bit 3 up are pruning bookkeeping: not modelled) */
+                                count from bit 4 up are pruning bookkeeping: not modelled) */
 byte reason = 0;             /* P.forwardedCancelReason (0: none stored) */
 byte cclaim[NCHILD + 1];     /* each child's claim word */
 byte cfamily[NCHILD + 1];    /* each child's family word (CANCEL_CLAIMED) */

@@ -206,7 +206,7 @@ pc_node *pc_detach(pc_promise *promise) {
 
 /* ---- the cancellation registry ---------------------------------------------------- */
 
-#define PC_COUNT_ONE ((uintptr_t)8u)
+#define PC_COUNT_ONE ((uintptr_t)16u) /* above the four PC_FAMILY_* bits */
 
 uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
     /* No ordering: only a first guess for the CAS, which validates it. */
@@ -272,16 +272,6 @@ uintptr_t pc_family(const pc_promise *promise) {
     /* acquire: pairs with the full CAS in pc_family_set; a PUBLISHED bit seen here makes
      * the reason stored before it visible. */
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
-}
-
-bool pc_node_claim(pc_node *node, pc_fire_fn fire) {
-    /* No ordering: an election only. The winner's later writes (the observer it stores)
-     * are published by the release push of its pc_observe, not by this CAS; a claimed
-     * node seen here just sends the caller to a node of its own, without a CAS. */
-    if (AO_load((volatile AO_t *)(void *)&node->fire) != 0) {
-        return false;
-    }
-    return AO_compare_and_swap((volatile AO_t *)(void *)&node->fire, (AO_t)0, (AO_t)(uintptr_t)fire) != 0;
 }
 
 bool pc_once(uintptr_t *flag) {

@@ -184,10 +184,11 @@ extension AnyPromise {
 
     /// Elects the caller to keep its observer in this promise's first-observer slot: only
     /// a root's (a root never uses `continuation` and `context`, which hold it), and only
-    /// one caller, ever. The caller must then call `fillFirstObserverSlot`.
+    /// one caller, ever (a family bit: the losers see it set with one load, no CAS). The
+    /// caller must then call `fillFirstObserverSlot`.
     @usableFromInline
     final func claimFirstObserverSlot() -> Bool {
-        isRoot && pc_node_claim(firstObserverPointer, firstObserverFire)
+        isRoot && pc_family_set(corePointer, UInt(PC_FAMILY_FIRST_OBSERVER))
     }
 
     /// Stores the observer of the caller that claimed the slot and registers the slot's
@@ -200,7 +201,8 @@ extension AnyPromise {
     final func fillFirstObserverSlot(_ observer: consuming Continuation, on context: any ExecutionContext) {
         continuation = consume observer
         self.context = context
-        pc_observe(corePointer, firstObserverPointer)  // the release push publishes both fields
+        firstObserverPointer.pointee.fire = firstObserverFire
+        pc_observe(corePointer, firstObserverPointer)  // the release push publishes all three
     }
 
     /// Runs the observer in the first-observer slot, once.

@@ -52,7 +52,6 @@
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
  *   pc_once         any thread                       wait-free (one CAS)
- *   pc_node_claim   any thread                       wait-free (one load, one CAS)
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
@@ -124,7 +123,7 @@ struct pc_promise {
     uintptr_t claim;    /* atomic: PC_FREE, PC_FOLLOWING or an outcome */
     pc_node node;       /* this promise's own node, for observing its parent or followee */
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
-    uintptr_t family;   /* atomic: PC_FAMILY_* bits, and from bit 3 up the number of
+    uintptr_t family;   /* atomic: PC_FAMILY_* bits, and from bit 4 up the number of
                            links pushed here (approximate, for pruning) */
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
@@ -135,7 +134,8 @@ struct pc_promise {
                              follows */
     pc_node first_observer; /* a node for the overlay's first `whenComplete` on a root, so
                                that observer needs no allocation (NIO's CallbackList keeps
-                               its first callback inline too); claimed with pc_node_claim */
+                               its first callback inline too); its user is elected with
+                               pc_family_set(PC_FAMILY_FIRST_OBSERVER) */
 };
 
 /*
@@ -191,6 +191,7 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 /* Bits of the `family` word. */
 #define PC_FAMILY_LINKED 1u           /* linked into the parent's registry */
 #define PC_FAMILY_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
+#define PC_FAMILY_FIRST_OBSERVER 8u   /* first_observer is taken (never cleared) */
 #define PC_FAMILY_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
                                          in the registry later must be cancelled too */
 
@@ -241,13 +242,6 @@ uintptr_t pc_forwarding_epoch(void);
  * reaches zero see every earlier caller's. Aborts on underflow.
  */
 uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
-
-/*
- * Claims a free node (fire == NULL) for `fire`; true for the one caller that did. Lets
- * racing registrations elect who may use a node embedded in a promise (first_observer);
- * the losers use nodes of their own. Wait-free: one load, then at most one CAS.
- */
-bool pc_node_claim(pc_node *_Nonnull node, pc_fire_fn _Nonnull fire);
 
 /*
  * A one-shot election: sets *flag from 0 to 1 and returns true for the one caller that
