@@ -206,7 +206,7 @@ pc_node *pc_detach(pc_promise *promise) {
 
 /* ---- the cancellation registry ---------------------------------------------------- */
 
-#define PC_COUNT_ONE ((uintptr_t)16u) /* above the four PC_FAMILY_* bits */
+#define PC_COUNT_ONE ((uintptr_t)1u << PC_FAMILY_COUNT_SHIFT)
 
 uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
     /* No ordering: only a first guess for the CAS, which validates it. */

@@ -258,7 +258,7 @@ final class CancellationTreeTests: XCTestCase {
         }
         queue.sync {}  // every handler ran; their children are gone
         // Each dispatched child linked itself; dead links are pruned as the registry grows.
-        let links = pc_family(shared.corePointer) / 8
+        let links = pc_family(shared.corePointer) >> PC_FAMILY_COUNT_SHIFT
         XCTAssertLessThan(links, 4_200, "dead links must be pruned")
         var live = 0
         shared.forEachLinkedChild(reapplyingCancel: false) { _ in live += 1 }

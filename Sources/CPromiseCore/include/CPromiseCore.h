@@ -192,6 +192,7 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_FAMILY_LINKED 1u           /* linked into the parent's registry */
 #define PC_FAMILY_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
 #define PC_FAMILY_FIRST_OBSERVER 8u   /* first_observer is taken (never cleared) */
+#define PC_FAMILY_COUNT_SHIFT 4u      /* the registry's link count sits above the four bits */
 #define PC_FAMILY_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
                                          in the registry later must be cancelled too */
 
