@@ -14,6 +14,13 @@ enum CoreLayout {
     @inlinable
     static var headerSize: Int { 2 * MemoryLayout<UnsafeRawPointer>.size }
 
+    /// The object whose first stored property is `node` (an `ObserverBox`, a `WaiterBase`,
+    /// a `ChildLink`), not retained.
+    @inlinable
+    static func owner<Object: AnyObject>(ofFirstField node: UnsafeMutablePointer<pc_node>, as type: Object.Type) -> Unmanaged<Object> {
+        Unmanaged.fromOpaque(UnsafeRawPointer(node) - headerSize)
+    }
+
     /// Offset of the promise's own node inside its `pc_promise`.
     @inlinable
     static var nodeOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.node)! }
@@ -247,7 +254,7 @@ extension ObserverBox {
 /// The fire callback of an `ObserverBox` (whenComplete, onCancel, resolve(with:), wait).
 @usableFromInline
 func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let box = Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
+    let box = CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)
     if let source {
         let observer = box.takeUnretainedValue()
         observer.source = AnyPromise.owner(ofCore: source).takeUnretainedValue()
@@ -303,9 +310,9 @@ extension AnyPromise {
                 } else if nodeFires(node, through: firstObserverFire) {
                     continue  // the promise's own slot, no retain: its observer dies with it
                 } else if nodeFires(node, through: waiterFire) {
-                    Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize).release()
+                    CoreLayout.owner(ofFirstField: node, as: WaiterBase.self).release()
                 } else {
-                    var box = Unmanaged<ObserverBox>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
+                    var box = CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)
                         .takeRetainedValue()
                     if isKnownUniquelyReferenced(&box), let owned = box.detachOwnedPromise() {
                         release(owned)  // the box dies below with nothing left to release

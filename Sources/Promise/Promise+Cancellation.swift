@@ -93,28 +93,30 @@ extension AnyPromise {
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = UInt(pc_forwarding_epoch())
         let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
-        // The common case, without touching reference counts (the parent is held by
-        // `settledParentRetain`): no cancel on the parent, and it verified this epoch.
-        let parentSuffices = parentRetain._withUnsafeGuaranteedRef { parent in
-            !parent.carriesCancelForDescendants
-                && (parent.verifiedEpoch == AncestorCheck.noAncestors || (quiet && parent.verifiedEpoch == epoch))
+        // Whether `promise` vouches for every ancestor above it at this epoch.
+        @inline(__always) func coversAbove(_ promise: AnyPromise) -> Bool {
+            promise.verifiedEpoch == AncestorCheck.noAncestors || (quiet && promise.verifiedEpoch == epoch)
         }
-        if parentSuffices {
-            if recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
-            return nil
+        // The first ancestor's reason, walking up until one vouches for those above it.
+        @inline(__always) func reasonAbove() -> (any Error)? {
+            // The common case, without touching reference counts (the parent is held by
+            // `settledParentRetain`): no cancel on the parent, and it verified this epoch.
+            if parentRetain._withUnsafeGuaranteedRef({ !$0.carriesCancelForDescendants && coversAbove($0) }) {
+                return nil
+            }
+            var ancestor = parentRetain.takeUnretainedValue()
+            while true {
+                if let reason = ancestor.cancelReasonForDescendants { return reason }
+                if coversAbove(ancestor) { return nil }
+                // `parentIfAlive`, not `settledParent`: an ancestor settled from outside may
+                // still be getting its settled parent stored by another thread.
+                guard let up = ancestor.parentIfAlive, !up.isPending else { return nil }
+                ancestor = up
+            }
         }
-        var ancestor = parentRetain.takeUnretainedValue()
-        while true {
-            if let reason = ancestor.cancelReasonForDescendants { return reason }
-            let verified = ancestor.verifiedEpoch
-            if verified == AncestorCheck.noAncestors || (quiet && verified == epoch) { break }
-            // `parentIfAlive`, not `settledParent`: an ancestor settled from outside may still
-            // be getting its settled parent stored by another thread.
-            guard let up = ancestor.parentIfAlive, !up.isPending else { break }
-            ancestor = up
-        }
-        if recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
-        return nil
+        let reason = reasonAbove()
+        if reason == nil && recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
+        return reason
     }
 
     /// Whether `cancelReasonForDescendants` is non-nil, without building the error.
@@ -255,7 +257,7 @@ extension AnyPromise {
         while let current = node {
             node = current.pointee.next
             taken += 1
-            let link = Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize)
+            let link = CoreLayout.owner(ofFirstField: current, as: ChildLink.self)
             // We own the registry's retain of the link until we push it back.
             if let child = UnownedLink.load(link.takeUnretainedValue().childWord) {
                 body(child)
@@ -288,7 +290,7 @@ extension AnyPromise {
         var node = pc_children_take(corePointer)
         while let current = node {
             node = current.pointee.next
-            Unmanaged<ChildLink>.fromOpaque(UnsafeRawPointer(current) - CoreLayout.headerSize).release()
+            CoreLayout.owner(ofFirstField: current, as: ChildLink.self).release()
         }
     }
 

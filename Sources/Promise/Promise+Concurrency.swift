@@ -132,7 +132,7 @@ final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
 
 /// The fire callback of a waiter's node (never deferred: resuming a Task only enqueues it).
 func waiterFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let waiter = Unmanaged<WaiterBase>.fromOpaque(UnsafeRawPointer(node) - CoreLayout.headerSize)
+    let waiter = CoreLayout.owner(ofFirstField: node, as: WaiterBase.self)
     guard let source else { preconditionFailure("waiters are never deferred") }
     waiter.takeUnretainedValue().sourceSettled(AnyPromise.owner(ofCore: source).takeUnretainedValue())
     waiter.release()  // the registration's retain
