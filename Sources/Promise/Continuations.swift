@@ -119,7 +119,9 @@ extension Promise {
 
 // The handlers, one builder each. `T` is the parent's value type, `U` the child's. Each
 // stores the user's closure as `Body` and its `invoke` takes it back as `Body`; `invoke`
-// reaches nothing but its arguments (a capture would cost an allocation per `then`).
+// reaches nothing but its arguments (a capture would cost an allocation per `then`), which
+// is also why each builder spells out the same few unwrapping lines instead of passing its
+// step to a shared helper as a closure: `invoke` would have to capture that closure.
 // The promises are unwrapped with a nil check and `unsafelyUnwrapped`, not `guard let`:
 // the optimiser turns `guard let` bindings of the optional parameters into owned copies,
 // a retain and a release of each promise around the (opaque) handler call, which on
