@@ -20,6 +20,15 @@ extern "C" {
  */
 void *_Nullable swift_tryRetain(void *_Nonnull object);
 
+/*
+ * Adds to / drops from `object`'s unowned reference count, which keeps its memory (not
+ * the object: its deinit still runs when the strong count reaches zero) until the count
+ * reaches zero; the last drop frees it. While held, swift_tryRetain on the object is
+ * valid. Declared in HeapObject.h as HeapObject *(HeapObject *) and void (HeapObject *).
+ */
+void *_Nonnull swift_unownedRetain(void *_Nonnull object);
+void swift_unownedRelease(void *_Nonnull object);
+
 #ifdef __cplusplus
 }
 #endif

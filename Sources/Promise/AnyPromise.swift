@@ -94,15 +94,23 @@ public class AnyPromise: @unchecked Sendable {
     /// existential straight through its contents' own (a retain or release for a queue,
     /// nothing for `.immediate`).
     @exclusivity(unchecked) final var context: any ExecutionContext = .immediate
+
+    /// Hands `work` to `context` and leaves `.immediate` in its place. A handler is sent
+    /// to its context once, and nothing reads the context after that; a call on the
+    /// property itself would first copy the existential out (for a queue, a retain and
+    /// a release), where moving it out copies nothing.
+    final func sendToContext(_ work: @escaping @Sendable () -> Void) {
+        let target = withUnsafeMutablePointer(to: &context) { slot in
+            let taken = slot.move()
+            slot.initialize(to: .immediate)
+            return taken
+        }
+        target.execute(work)
+    }
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
     /// Set (and read) by the thread firing this child when it sent the handler's error side
     /// to the context because the parent was cancelled.
     @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
-
-    /// This promise's link in its parent's cancellation registry, retained, once it is
-    /// linked (written by the one thread that set PC_FAMILY_LINKED): the deinit clears the
-    /// link's unowned word through it (`releaseRegistryLink`).
-    @exclusivity(unchecked) final var registryLink: Unmanaged<ChildLink>?
 
     /// The reason of a cancel forwarded through this promise after it had settled; written
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
@@ -119,7 +127,7 @@ public class AnyPromise: @unchecked Sendable {
     @usableFromInline final let isRoot: Bool
 
     @usableFromInline
-    init(parent: AnyPromise?) {
+    init(parent: __shared AnyPromise?) {
         isRoot = parent == nil
         verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
         if let parent, parent.publishedTag != UInt(PC_PENDING) {
@@ -135,7 +143,6 @@ public class AnyPromise: @unchecked Sendable {
     }
 
     deinit {
-        releaseRegistryLink()
         releaseChildLinks()
         releaseOwnedLinksIteratively()
     }
@@ -233,7 +240,7 @@ public class AnyPromise: @unchecked Sendable {
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
-        linkIntoParentChain(parent: parent)
+        if let parent { linkIntoParentChain(parent: parent) }
         observe(source, as: .following)
         // Not recording: once observed, `source` may fire on another thread at once, and
         // the adoption there runs the check again and records its epoch.
@@ -266,23 +273,23 @@ public class AnyPromise: @unchecked Sendable {
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
             }
-            if source.cancelReasonForDescendants != nil {
+            if source.carriesCancelForDescendants {
                 // The error side goes to the context now, in registration order with the
                 // other observers on it; cancelling this child itself is deferred (stack
                 // safety) but still happens before the settling call returns.
                 if source.isCancelled, continuation?.hasErrorSide == true {
                     errorSideDispatched = true
-                    context.execute { self.runContinuation() }
+                    sendToContext { self.runContinuation() }
                 }
                 deferOnThisThread()
                 return
             }
             // In flight after the parent settled: a later cancel must still reach us.
             linkIntoParentChain(parent: source)
-            if source.cancelReasonForDescendants != nil {
+            if source.carriesCancelForDescendants {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
-                context.execute { self.runContinuation() }
+                sendToContext { self.runContinuation() }
                 retained.release()
             }
         case .following:

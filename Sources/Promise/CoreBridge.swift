@@ -14,8 +14,8 @@ enum CoreLayout {
     @inlinable
     static var headerSize: Int { 2 * MemoryLayout<UnsafeRawPointer>.size }
 
-    /// The object whose first stored property is `node` (an `ObserverBox`, a `WaiterBase`,
-    /// a `ChildLink`), not retained.
+    /// The object whose first stored property is `node` (an `ObserverBox`, a
+    /// `WaiterBase`), not retained.
     @inlinable
     static func owner<Object: AnyObject>(ofFirstField node: UnsafeMutablePointer<pc_node>, as type: Object.Type) -> Unmanaged<Object> {
         Unmanaged.fromOpaque(UnsafeRawPointer(node) - headerSize)
@@ -117,7 +117,7 @@ extension AnyPromise {
 ///   a strong reference, or nil if the target has begun dying.
 /// - Whoever knows that the target is dying or is about to be left unguarded clears the
 ///   word under the lock (`clear`) before the target's memory can be freed. Each link says
-///   who: `parentIfAlive` and `follow` (AnyPromise.swift), `ChildLink`, `AggregatorSlot`.
+///   who: `parentIfAlive` and `follow` (AnyPromise.swift), `AggregatorSlot`.
 ///
 /// Why that is safe: the target's memory is freed only after its deinit finishes, and its
 /// deinit (or something that outlives the reader's window, as each link explains) clears
@@ -126,7 +126,7 @@ extension AnyPromise {
 /// flag in the same atomic step as that transition, and succeeds otherwise, in which case
 /// the target cannot start dying until we release it. A reader that locks after the clear
 /// sees 0. The lock is held for one CAS, and only on cold paths (navigation, cancelling,
-/// the death of a pending promise or of a descendant linked into a registry).
+/// the death of a pending promise or of an aggregate's input).
 enum UnownedLink {
     /// The address stored in a word for `promise` (no retain).
     static func address(of promise: AnyPromise) -> UInt {
@@ -232,7 +232,7 @@ func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMu
         _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
         pc_defer(node)
     } else {
-        promise.context.execute { promise.runFirstObserver() }
+        promise.sendToContext { promise.runFirstObserver() }
     }
 }
 

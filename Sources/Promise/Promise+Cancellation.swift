@@ -1,4 +1,5 @@
 import CPromiseCore
+import CSwiftRuntime
 
 extension AnyPromise {
     /// Cancels the promise and every descendant that is still pending.
@@ -184,61 +185,65 @@ enum AncestorCheck {
 
 // MARK: The registry of descendants in flight
 
-/// A link from a promise to a descendant that is in flight after the promise settled, in
-/// the promise's cancellation registry. It must not keep the descendant alive (the registry
-/// would keep settled subtrees alive), so the descendant is an unowned link (see
-/// `UnownedLink`) that the descendant clears in its deinit, before its memory goes; the
-/// descendant holds the link for that (`registryLink`). Links whose word is 0 are dead and
-/// pruned as the registry grows.
-final class ChildLink {
-    struct Words {
-        var node = pc_node()  // first: the registry's intrusive link (see `linkNode`)
-        var child: UInt       // the descendant, unowned
-    }
-
-    final var words: Words  // first stored property: the node sits right after the header
-
-    init(_ child: AnyPromise) {
-        words = Words(child: UnownedLink.address(of: child))
-    }
-
-    /// The locked word holding the descendant.
-    final var childWord: UnsafeMutablePointer<UInt> {
-        (_getUnsafePointerToStoredProperties(self) + MemoryLayout<Words>.offset(of: \Words.child)!)
-            .assumingMemoryBound(to: UInt.self)
-    }
-}
+// A promise's cancellation registry (`pc_promise.children`) is a stack of its descendants
+// that were still in flight after it settled: children whose handler waits on a context,
+// followers, and, linked in turn, the settled ancestors between them and the promise. A
+// cancel of the settled promise reaches them through it.
+//
+// The link is the child's own `first_observer` node: only a root keeps an observer there,
+// and a root has no parent to link into, so linking allocates nothing. The registry must
+// not keep children alive (it would keep settled subtrees alive), so it holds each linked
+// child's memory, not the child: an unowned reference count (`swift_unownedRetain`). A
+// walker tries each child with `swift_tryRetain`, which fails once the child began dying;
+// the memory of a dead child goes when the registry drops it (pruned as the registry
+// grows, or when the promise dies), so it lingers at most that long. Each child is linked
+// once (PC_FAMILY_LINKED), so its node is in at most one registry.
 
 extension AnyPromise {
+    /// The promise whose registry node (its `first_observer`) is `node`, not retained.
+    private static func owner(ofRegistryNode node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
+        owner(ofCore: (UnsafeMutableRawPointer(node) - firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self))
+    }
+
     /// Links this promise into its parent's registry, and the parent into its own, up to
     /// the first ancestor that is linked already (each link is made once).
     ///
     /// - Parameter parent: this promise's parent, which the caller holds (the thread that
     ///   fired this promise, or its continuation), so reading it needs no lock.
-    final func linkIntoParentChain(parent: AnyPromise?) {
-        var promise: AnyPromise = self
-        var next = parent
-        while let up = next, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
-            let link = ChildLink(promise)
-            // Setting LINKED made this thread the only writer: the promise's own reference
-            // to its link, which its deinit uses to clear the link's word, then drops.
-            promise.registryLink = Unmanaged.passRetained(link)
-            up.addChildLink(link)
-            if let reason = up.cancelReasonForDescendants {
-                // The parent's cancel may have missed this fresh link: apply it here.
-                promise.cancel(reason: reason)
-            }
+    final func linkIntoParentChain(parent: AnyPromise) {
+        guard pc_family_set(corePointer, UInt(PC_FAMILY_LINKED)) else { return }
+        parent.addToRegistry(self)
+        // The common case ends here, without touching the reference counts: the parent is
+        // a root, or linked already (pc_family_set would refuse it anyway).
+        if parent.isRoot || pc_family(parent.corePointer) & UInt(PC_FAMILY_LINKED) != 0 { return }
+        AnyPromise.linkAncestors(from: parent)
+    }
+
+    /// The rest of `linkIntoParentChain`'s walk, from `promise` (not linked yet) up.
+    @inline(never)
+    private static func linkAncestors(from start: AnyPromise) {
+        var promise = start
+        while let up = promise.parentIfAlive, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
+            up.addToRegistry(promise)
+            if up.isRoot || pc_family(up.corePointer) & UInt(PC_FAMILY_LINKED) != 0 { return }
             promise = up
-            // An ancestor that is linked already ends the walk: skip reading its parent
-            // (a locked read), which pc_family_set would then refuse anyway.
-            next = pc_family(up.corePointer) & UInt(PC_FAMILY_LINKED) != 0 ? nil : up.parentIfAlive
         }
     }
 
-    private final func addChildLink(_ link: ChildLink) {
-        let count = pc_children_push(corePointer, linkNode(Unmanaged.passRetained(link)))
+    /// Pushes `child` (a descendant this thread just marked LINKED) onto the registry,
+    /// then applies a cancel that its walk may have missed.
+    private final func addToRegistry(_ child: AnyPromise) {
+        // A root's first_observer node is its first observer's, and a root is never linked.
+        assert(!child.isRoot, "a root has no parent registry to be linked into")
+        let childPointer = Unmanaged.passUnretained(child).toOpaque()
+        swift_unownedRetain(childPointer)  // the registry's hold on the child's memory
+        let count = pc_children_push(corePointer, child.firstObserverPointer)
         if count >= 32, count & (count - 1) == 0 {
             forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
+        }
+        if carriesCancelForDescendants, let reason = cancelReasonForDescendants {
+            // Our cancel may have walked the registry before the push: apply it here.
+            child.cancel(reason: reason)
         }
     }
 
@@ -250,25 +255,27 @@ extension AnyPromise {
         var node = pc_children_take(corePointer)
         guard node != nil else { return }
         var taken: UInt = 0
-        var kept: [Unmanaged<ChildLink>] = []
+        var kept: [UnsafeMutablePointer<pc_node>] = []
         // The live children, held, for the re-applied cancel: once the links are back in
-        // the registry another thread may prune (free) them, so they are not read again.
+        // the registry another thread may prune them, so they are not read again.
         var live: [AnyPromise] = []
         while let current = node {
             node = current.pointee.next
             taken += 1
-            let link = CoreLayout.owner(ofFirstField: current, as: ChildLink.self)
-            // We own the registry's retain of the link until we push it back.
-            if let child = UnownedLink.load(link.takeUnretainedValue().childWord) {
+            // We own the registry's unowned count of the child until we push it back, so
+            // its memory is there to try.
+            let childPointer = AnyPromise.owner(ofRegistryNode: current).toOpaque()
+            if let retained = swift_tryRetain(childPointer) {
+                let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
                 body(child)
-                kept.append(link)
+                kept.append(current)
                 if reapplyingCancel { live.append(child) }
                 continue
             }
-            link.release()  // its child died (and cleared the word): prune
+            swift_unownedRelease(childPointer)  // the child died: prune (its memory goes after its deinit)
         }
         for link in kept.reversed() {
-            _ = pc_children_push(corePointer, linkNode(link))
+            _ = pc_children_push(corePointer, link)
         }
         pc_children_forget(corePointer, taken)
         if reapplyingCancel, !live.isEmpty, let reason = cancelReasonForDescendants {
@@ -276,25 +283,12 @@ extension AnyPromise {
         }
     }
 
-    /// The deinit's half of a registry link: no thread may reach this dying promise through
-    /// its parent's registry any more; then drop our reference to the link.
-    final func releaseRegistryLink() {
-        guard let link = registryLink else { return }
-        registryLink = nil
-        UnownedLink.clear(link.takeUnretainedValue().childWord, ifPointingAt: UnownedLink.address(of: self))
-        link.release()
-    }
-
-    /// Releases the registry's links (deinit only).
+    /// Drops the registry's hold on its children's memory (deinit only).
     final func releaseChildLinks() {
         var node = pc_children_take(corePointer)
         while let current = node {
-            node = current.pointee.next
-            CoreLayout.owner(ofFirstField: current, as: ChildLink.self).release()
+            node = current.pointee.next  // before the release, which may free the child
+            swift_unownedRelease(AnyPromise.owner(ofRegistryNode: current).toOpaque())
         }
-    }
-
-    private final func linkNode(_ link: Unmanaged<ChildLink>) -> UnsafeMutablePointer<pc_node> {
-        (UnsafeMutableRawPointer(link.toOpaque()) + CoreLayout.headerSize).assumingMemoryBound(to: pc_node.self)
     }
 }

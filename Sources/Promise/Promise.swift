@@ -87,7 +87,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
-    init(parent: AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
+    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
         super.init(parent: parent)
         self.context = context
         self.continuation = .some(continuation)

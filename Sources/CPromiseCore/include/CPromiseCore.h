@@ -135,7 +135,9 @@ struct pc_promise {
     pc_node first_observer; /* a node for the overlay's first `whenComplete` on a root, so
                                that observer needs no allocation (NIO's CallbackList keeps
                                its first callback inline too); its user is elected with
-                               pc_family_set(PC_FAMILY_FIRST_OBSERVER) */
+                               pc_family_set(PC_FAMILY_FIRST_OBSERVER). A non-root (which
+                               never has that observer) uses it instead as its link in its
+                               parent's registry (`children`), once PC_FAMILY_LINKED */
 };
 
 /*
