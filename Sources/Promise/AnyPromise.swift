@@ -93,7 +93,7 @@ public class AnyPromise: @unchecked Sendable {
     /// (a metadata lookup and indirect calls, 70 to 140 instructions each time), a plain
     /// existential straight through its contents' own (a retain or release for a queue,
     /// nothing for `.immediate`).
-    @exclusivity(unchecked) final var context: any ExecutionContext = .immediate
+    @usableFromInline @exclusivity(unchecked) final var context: any ExecutionContext = .immediate
 
     /// Hands `work` to `context` and leaves `.immediate` in its place. A handler is sent
     /// to its context once, and nothing reads the context after that; a call on the

@@ -199,15 +199,15 @@ extension AnyPromise {
     }
 
     /// Stores the observer of the caller that claimed the slot and registers the slot's
-    /// node on this promise. The node carries no retain: a promise does not keep itself
-    /// alive (it would never be freed while pending). Firing takes one for as long as the
-    /// observer waits for its context or the trampoline; a promise that dies pending skips
-    /// the node (`releaseOwnedLinksIteratively`) and destroys the unrun observer with
-    /// `continuation`.
+    /// node on this promise; the caller stored the observer's context first, unless it
+    /// is `.immediate` (a root's already: see `whenComplete`). The node carries no retain:
+    /// a promise does not keep itself alive (it would never be freed while pending).
+    /// Firing takes one for as long as the observer waits for its context or the
+    /// trampoline; a promise that dies pending skips the node
+    /// (`releaseOwnedLinksIteratively`) and destroys the unrun observer with `continuation`.
     @usableFromInline
-    final func fillFirstObserverSlot(_ observer: consuming Continuation, on context: any ExecutionContext) {
+    final func fillFirstObserverSlot(_ observer: consuming Continuation) {
         continuation = consume observer
-        self.context = context
         firstObserverPointer.pointee.fire = firstObserverFire
         pc_observe(corePointer, firstObserverPointer)  // the release push publishes all three
     }
@@ -227,12 +227,14 @@ func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMu
         owner.takeRetainedValue().runFirstObserver()  // deferred: the retain taken below
         return
     }
-    let promise = owner.takeUnretainedValue()
-    if promise.context.isImmediate {
-        _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
-        pc_defer(node)
-    } else {
-        promise.sendToContext { promise.runFirstObserver() }
+    // Borrowed: whoever publishes the promise holds it until this returns.
+    owner._withUnsafeGuaranteedRef { promise in
+        if promise.context.isImmediate {
+            _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
+            pc_defer(node)
+        } else {
+            promise.sendToContext { promise.runFirstObserver() }
+        }
     }
 }
 

@@ -127,6 +127,6 @@ extension OperationQueue: ExecutionContext {
 
 extension ExecutionContext {
     /// True for `.immediate`: a metadata pointer comparison, no dynamic cast.
-    @inlinable
+    @inlinable @inline(__always)
     var isImmediate: Bool { Self.self == ImmediateExecutionContext.self }
 }

@@ -200,7 +200,10 @@ extension Promise {
         // The first observer of a root lives in the promise itself (no allocation); the
         // others, and observers of children, in a box each.
         if claimFirstObserverSlot() {
-            fillFirstObserverSlot(.completion(Value.self, body), on: context)
+            // Skipped for `.immediate` (once inlined, a constant): the root's context is
+            // `.immediate` already, and the existential's generic assignment costs more.
+            if !context.isImmediate { self.context = context }
+            fillFirstObserverSlot(.completion(Value.self, body))
         } else {
             CompletionObserver(context: context, body: body).register(on: self)
         }
