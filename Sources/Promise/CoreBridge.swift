@@ -258,12 +258,17 @@ extension ObserverBox {
 func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let box = CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)
     if let source {
-        let observer = box.takeUnretainedValue()
-        observer.source = AnyPromise.owner(ofCore: source).takeUnretainedValue()
-        if observer.context.isImmediate {
+        // The box is borrowed from the node's retain, which goes to the trampoline with the
+        // node or is released last.
+        let immediate = box._withUnsafeGuaranteedRef { observer in
+            observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
+            if observer.context.isImmediate { return true }
+            observer.context.execute { observer.fire() }
+            return false
+        }
+        if immediate {
             pc_defer(node)  // the node's retain goes with it
         } else {
-            observer.context.execute { observer.fire() }
             box.release()
         }
     } else {

@@ -6,8 +6,9 @@ import CPromiseCore
 @usableFromInline
 class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
-    /// The promise that settled; set when the node fires, read when the box runs.
-    @usableFromInline @exclusivity(unchecked) final var source: AnyPromise?
+    /// The promise that settled, retained; set when the node fires, taken when the box
+    /// runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
+    @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
     /// Where the observation runs; `.immediate` is never called: inline, through the
     /// trampoline. (Not an optional: see `AnyPromise.context`.)
     @usableFromInline final let context: any ExecutionContext
@@ -19,9 +20,13 @@ class ObserverBox: @unchecked Sendable {
 
     /// Runs the observation once, on `context`, after `source` settled.
     final func fire() {
-        let settled = source.unsafelyUnwrapped
-        source = nil
+        let settled = sourceRetain.unsafelyUnwrapped.takeRetainedValue()
+        sourceRetain = nil
         run(settled)
+    }
+
+    deinit {
+        sourceRetain?.release()  // fired, but its context dropped the work unrun
     }
 
     @usableFromInline

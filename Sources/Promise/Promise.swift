@@ -89,7 +89,8 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     @usableFromInline
     init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
         super.init(parent: parent)
-        self.context = context
+        // `.immediate` is there already: skip the existential's generic assignment.
+        if !context.isImmediate { self.context = context }
         self.continuation = .some(continuation)
         observe(parent, as: .continuation)
     }
