@@ -111,6 +111,10 @@ public class AnyPromise: @unchecked Sendable {
     /// Set (and read) by the thread firing this child when it sent the handler's error side
     /// to the context because the parent was cancelled.
     @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
+    /// Set by `storeValue` (specialised, so a constant per type) when the stored value
+    /// needs destroying: the deinit, which runs unspecialised, then skips the generic
+    /// layout queries for the common trivial values.
+    @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
 
     /// The reason of a cancel forwarded through this promise after it had settled; written
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
@@ -144,7 +148,9 @@ public class AnyPromise: @unchecked Sendable {
 
     deinit {
         releaseChildLinks()
-        releaseOwnedLinksIteratively()
+        // A settled promise has no observers left; without a parent to let go of either,
+        // it owns nothing (the common end of a root), and skips the loop's set-up.
+        if settledParentRetain != nil || isPending { releaseOwnedLinksIteratively() }
     }
 
     // MARK: State

@@ -205,11 +205,22 @@ extension AnyPromise {
     /// Firing takes one for as long as the observer waits for its context or the
     /// trampoline; a promise that dies pending skips the node
     /// (`releaseOwnedLinksIteratively`) and destroys the unrun observer with `continuation`.
+    ///
+    /// `immediate` picks the fire callback, so that firing never looks into the context.
     @usableFromInline
-    final func fillFirstObserverSlot(_ observer: consuming Continuation) {
+    final func fillFirstObserverSlot(_ observer: consuming Continuation, immediate: Bool) {
         continuation = consume observer
-        firstObserverPointer.pointee.fire = firstObserverFire
+        if immediate {
+            firstObserverPointer.pointee.fire = firstObserverFireImmediate
+        } else {
+            firstObserverPointer.pointee.fire = firstObserverFire
+        }
         pc_observe(corePointer, firstObserverPointer)  // the release push publishes all three
+    }
+
+    /// The promise whose first-observer node is `node`, not retained.
+    static func owner(ofFirstObserver node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
+        owner(ofCore: (UnsafeMutableRawPointer(node) - firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self))
     }
 
     /// Runs the observer in the first-observer slot, once.
@@ -219,22 +230,25 @@ extension AnyPromise {
     }
 }
 
-/// The fire callback of a root's first-observer slot (see `fillFirstObserverSlot`).
+/// The fire callback of a root's first-observer slot on a context other than `.immediate`
+/// (see `fillFirstObserverSlot`).
 func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let core = (UnsafeMutableRawPointer(node) - AnyPromise.firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self)
-    let owner = AnyPromise.owner(ofCore: core)
-    guard source != nil else {
-        owner.takeRetainedValue().runFirstObserver()  // deferred: the retain taken below
-        return
+    // Borrowed: whoever publishes the promise holds it until this returns; the work sent
+    // to the context holds it from then on.
+    AnyPromise.owner(ofFirstObserver: node)._withUnsafeGuaranteedRef { promise in
+        promise.sendToContext { promise.runFirstObserver() }
     }
-    // Borrowed: whoever publishes the promise holds it until this returns.
-    owner._withUnsafeGuaranteedRef { promise in
-        if promise.context.isImmediate {
-            _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
-            pc_defer(node)
-        } else {
-            promise.sendToContext { promise.runFirstObserver() }
-        }
+}
+
+/// The fire callback of a root's first-observer slot on `.immediate`: deferred to the
+/// trampoline, then run.
+func firstObserverFireImmediate(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let owner = AnyPromise.owner(ofFirstObserver: node)
+    if source != nil {
+        _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
+        pc_defer(node)
+    } else {
+        owner.takeRetainedValue().runFirstObserver()  // deferred: the retain taken above
     }
 }
 
@@ -314,7 +328,7 @@ extension AnyPromise {
                     release(owner)
                 } else if nodeFires(node, through: aggregatorSlotFire) {
                     releaseAggregatorSlot(node, inputDyingAt: dying)
-                } else if nodeFires(node, through: firstObserverFire) {
+                } else if nodeFires(node, through: firstObserverFireImmediate) || nodeFires(node, through: firstObserverFire) {
                     continue  // the promise's own slot, no retain: its observer dies with it
                 } else if nodeFires(node, through: waiterFire) {
                     CoreLayout.owner(ofFirstField: node, as: WaiterBase.self).release()

@@ -200,11 +200,6 @@ enum AncestorCheck {
 // once (PC_FAMILY_LINKED), so its node is in at most one registry.
 
 extension AnyPromise {
-    /// The promise whose registry node (its `first_observer`) is `node`, not retained.
-    private static func owner(ofRegistryNode node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
-        owner(ofCore: (UnsafeMutableRawPointer(node) - firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self))
-    }
-
     /// Links this promise into its parent's registry, and the parent into its own, up to
     /// the first ancestor that is linked already (each link is made once).
     ///
@@ -264,7 +259,7 @@ extension AnyPromise {
             taken += 1
             // We own the registry's unowned count of the child until we push it back, so
             // its memory is there to try.
-            let childPointer = AnyPromise.owner(ofRegistryNode: current).toOpaque()
+            let childPointer = AnyPromise.owner(ofFirstObserver: current).toOpaque()
             if let retained = swift_tryRetain(childPointer) {
                 let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
                 body(child)
@@ -288,7 +283,7 @@ extension AnyPromise {
         var node = pc_children_take(corePointer)
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child
-            swift_unownedRelease(AnyPromise.owner(ofRegistryNode: current).toOpaque())
+            swift_unownedRelease(AnyPromise.owner(ofFirstObserver: current).toOpaque())
         }
     }
 }

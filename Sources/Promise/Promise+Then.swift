@@ -202,8 +202,9 @@ extension Promise {
         if claimFirstObserverSlot() {
             // Skipped for `.immediate` (once inlined, a constant): the root's context is
             // `.immediate` already, and the existential's generic assignment costs more.
-            if !context.isImmediate { self.context = context }
-            fillFirstObserverSlot(.completion(Value.self, body))
+            let immediate = context.isImmediate
+            if !immediate { self.context = context }
+            fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
             CompletionObserver(context: context, body: body).register(on: self)
         }

@@ -28,7 +28,9 @@ extension Promise {
     func storeValue(_ value: Value) {
         if Self.storesInline {
             payloadAddress.initializeMemory(as: Value.self, repeating: value, count: 1)
+            if !_isPOD(Value.self) { storedValueNeedsDestroy = true }
         } else {
+            storedValueNeedsDestroy = true
             payloadAddress.storeBytes(of: Unmanaged.passRetained(ValueBox(value)).toOpaque(),
                                       as: UnsafeMutableRawPointer.self)
         }
@@ -44,16 +46,14 @@ extension Promise {
             .fromOpaque(payloadAddress.load(as: UnsafeRawPointer.self)).takeUnretainedValue().value
     }
 
-    /// Destroys the stored value (deinit only: a fulfilled claim means it was stored).
+    /// Destroys the stored value (deinit only).
     @usableFromInline
     func destroyStoredValue() {
-        guard claimHint == UInt(PC_FULFILLED) else { return }
+        // A trivial value needs nothing (and the deinit runs unspecialised, where even the
+        // layout queries go through the value witness table).
+        guard storedValueNeedsDestroy else { return }
         if Self.storesInline {
-            // The deinit runs unspecialised: `deinitialize` would go through the runtime's
-            // generic array destroy even for an `Int`. A trivial value needs nothing.
-            if !_isPOD(Value.self) {
-                payloadAddress.assumingMemoryBound(to: Value.self).deinitialize(count: 1)
-            }
+            payloadAddress.assumingMemoryBound(to: Value.self).deinitialize(count: 1)
         } else {
             Unmanaged<ValueBox<Value>>.fromOpaque(payloadAddress.load(as: UnsafeRawPointer.self)).release()
         }
