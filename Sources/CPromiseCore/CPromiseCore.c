@@ -213,9 +213,8 @@ uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->children));
     for (;;) {
         link->next = (pc_node *)seen;
-        /* release: publishes link->next and the object embedding the link (its weak
-         * reference to the child) before the link is reachable; pairs with the acquire
-         * CAS in pc_children_take. */
+        /* release: publishes link->next (and the promise embedding the link) before the
+         * link is reachable; pairs with the acquire CAS in pc_children_take. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_release(
             PC_WORD(&promise->children), (AO_t)seen, (AO_t)(uintptr_t)link);
         if (was == seen) {

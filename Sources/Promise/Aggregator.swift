@@ -85,7 +85,7 @@ final class Aggregator: @unchecked Sendable {
     }
 
     func result<V: Sendable>(at index: Int, as type: V.Type) -> Result<V, any Error> {
-        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).settledResult.unsafelyUnwrapped
+        unsafeDowncast(settledInput(at: index), to: Promise<V>.self).publishedResult
     }
 
     /// Cancels the inputs that are still pending (the aggregate was cancelled).

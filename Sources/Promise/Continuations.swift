@@ -135,7 +135,7 @@ extension Continuation {
         return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, _ in
             let body = Continuation.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
-            body(unsafeDowncast(source.unsafelyUnwrapped, to: Promise<T>.self).settledResult.unsafelyUnwrapped)
+            body(unsafeDowncast(source.unsafelyUnwrapped, to: Promise<T>.self).publishedResult)
         }
     }
 

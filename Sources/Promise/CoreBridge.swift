@@ -193,7 +193,7 @@ extension AnyPromise {
     /// a root's (a root never uses `continuation` and `context`, which hold it), and only
     /// one caller, ever (a family bit: the losers see it set with one load, no CAS). The
     /// caller must then call `fillFirstObserverSlot`.
-    @usableFromInline
+    @inlinable
     final func claimFirstObserverSlot() -> Bool {
         isRoot && pc_family_set(corePointer, UInt(PC_FAMILY_FIRST_OBSERVER))
     }

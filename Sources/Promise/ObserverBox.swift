@@ -55,7 +55,7 @@ final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendabl
     init(context: any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
         self.body = body
         self.deliver = { source, body in
-            body(unsafeDowncast(source, to: Promise<Value>.self).settledResult.unsafelyUnwrapped)
+            body(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
         }
         super.init(context: context)
     }

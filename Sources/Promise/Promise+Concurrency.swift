@@ -112,7 +112,7 @@ final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
     var outcome: Result<Value, any Error>?
 
     override func sourceSettled(_ source: AnyPromise) {
-        decide(unsafeDowncast(source, to: Promise<Value>.self).settledResult.unsafelyUnwrapped)
+        decide(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
     }
 
     /// The outcome or the cancellation: the first one decides, later ones are dropped.

@@ -173,6 +173,12 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// The outcome once published, nil while pending. A cancelled promise reads as
     /// `.failure(reason)`.
+    /// The published outcome, for code that saw the promise settled (fire callbacks).
+    @inlinable @inline(__always)
+    var publishedResult: Result<Value, any Error> {
+        publishedTag == UInt(PC_FULFILLED) ? .success(storedValue) : .failure(failure ?? CancellationError())
+    }
+
     @inlinable
     var settledResult: Result<Value, any Error>? {
         switch publishedTag {
