@@ -274,16 +274,15 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     if let source {
         // The box is borrowed from the node's retain, which goes to the trampoline with the
         // node or is released last.
-        let immediate = box._withUnsafeGuaranteedRef { observer in
+        let queued = box._withUnsafeGuaranteedRef { observer in
             observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
-            if observer.context.isImmediate { return true }
-            observer.context.execute { observer.fire() }
-            return false
+            if observer.queued { observer.sendToContext() }  // the work holds the box from here
+            return observer.queued
         }
-        if immediate {
-            pc_defer(node)  // the node's retain goes with it
-        } else {
+        if queued {
             box.release()
+        } else {
+            pc_defer(node)  // the node's retain goes with it
         }
     } else {
         box.takeRetainedValue().fire()

@@ -3,22 +3,31 @@ import CPromiseCore
 /// A small object that observes a promise without being one: the one allocation behind
 /// `whenComplete`, `onCancel`, `resolve(with:)` and `wait`. Its node is its first stored
 /// property (see `CoreBridge.swift`).
+///
+/// A box runs inline, through the trampoline (`.immediate`), unless it is `queued`: then
+/// its subclass holds a context and overrides `sendToContext`. The immediate kinds carry
+/// no context at all: destroying even an empty existential costs a value witness call.
 @usableFromInline
 class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
     /// The promise that settled, retained; set when the node fires, taken when the box
     /// runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
     @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
-    /// Where the observation runs; `.immediate` is never called: inline, through the
-    /// trampoline. (Not an optional: see `AnyPromise.context`.)
-    @usableFromInline final let context: any ExecutionContext
+    /// True if the box runs on a context (`sendToContext`), false for `.immediate`.
+    @usableFromInline final let queued: Bool
 
     @inlinable
-    init(context: any ExecutionContext) {
-        self.context = context
+    init(queued: Bool = false) {
+        self.queued = queued
     }
 
-    /// Runs the observation once, on `context`, after `source` settled.
+    /// Hands `fire` to the box's context (queued boxes only).
+    @usableFromInline
+    func sendToContext() {
+        preconditionFailure("an immediate ObserverBox has no context")
+    }
+
+    /// Runs the observation once, after `source` settled (on the context if `queued`).
     final func fire() {
         let settled = sourceRetain.unsafelyUnwrapped.takeRetainedValue()
         sourceRetain = nil
@@ -41,9 +50,9 @@ class ObserverBox: @unchecked Sendable {
     }
 }
 
-/// `whenComplete`: hands the outcome to a closure.
+/// `whenComplete` on `.immediate`: hands the outcome to a closure.
 @usableFromInline
-final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
+class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     @usableFromInline let body: @Sendable (Result<Value, any Error>) -> Void
     /// Builds the `Result` and calls `body`. Created by the inlinable initialiser, so in
     /// the caller's specialisation: a capture-free closure (no allocation) whose code
@@ -52,17 +61,34 @@ final class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendabl
     @usableFromInline let deliver: @Sendable (AnyPromise, @Sendable (Result<Value, any Error>) -> Void) -> Void
 
     @inlinable
-    init(context: any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
+    init(queued: Bool = false, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
         self.body = body
         self.deliver = { source, body in
             body(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
         }
-        super.init(context: context)
+        super.init(queued: queued)
     }
 
     @usableFromInline
-    override func run(_ source: AnyPromise) {
+    override final func run(_ source: AnyPromise) {
         deliver(source, body)
+    }
+}
+
+/// `whenComplete` on a context other than `.immediate`.
+@usableFromInline
+final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>, @unchecked Sendable {
+    @usableFromInline let context: any ExecutionContext
+
+    @inlinable
+    init(context: any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
+        self.context = context
+        super.init(queued: true, body: body)
+    }
+
+    @usableFromInline
+    override func sendToContext() {
+        context.execute { self.fire() }
     }
 }
 
@@ -72,7 +98,7 @@ final class CancelObserver: ObserverBox, @unchecked Sendable {
 
     init(body: @escaping @Sendable (any Error) -> Void) {
         self.body = body
-        super.init(context: .immediate)
+        super.init()
     }
 
     override func run(_ source: AnyPromise) {
@@ -87,7 +113,7 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
 
     init(target: Promise<Value>) {
         self.targetRetain = Unmanaged.passRetained(target)
-        super.init(context: .immediate)
+        super.init()
     }
 
     deinit {

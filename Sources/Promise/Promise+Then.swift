@@ -192,7 +192,7 @@ extension Promise {
     /// A cancelled promise delivers `.failure(reason)`.
     ///
     /// Threading: `body` runs once, on `context`, after the promise settles.
-    @inlinable
+    @inlinable @inline(__always)  // inlined, `body` is stored without a reabstraction thunk (an allocation)
     public func whenComplete(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Result<Value, any Error>) -> Void
@@ -206,7 +206,11 @@ extension Promise {
             if !immediate { self.context = context }
             fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
-            CompletionObserver(context: context, body: body).register(on: self)
+            if context.isImmediate {
+                CompletionObserver(body: body).register(on: self)
+            } else {
+                QueuedCompletionObserver(context: context, body: body).register(on: self)
+            }
         }
     }
 }

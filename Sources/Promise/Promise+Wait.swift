@@ -30,7 +30,7 @@ extension Promise {
     private func awaitResult(deadline: DispatchTime) throws -> Result<Value, any Error> {
         if let settled = settledResult { return settled }
         let signal = DispatchSemaphore(value: 0)  // cold path: documented above
-        CompletionObserver<Value>(context: .immediate) { _ in signal.signal() }.register(on: self)
+        CompletionObserver<Value> { _ in signal.signal() }.register(on: self)
         guard signal.wait(timeout: deadline) == .success else { throw PromiseError.timedOut }
         return settledResult.unsafelyUnwrapped
     }
