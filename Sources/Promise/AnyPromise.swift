@@ -130,19 +130,21 @@ public class AnyPromise: @unchecked Sendable {
     /// (see `claimFirstObserverSlot`).
     @usableFromInline final let isRoot: Bool
 
+    /// `parent` is borrowed from the caller, which holds it (`Unmanaged`, so that reading
+    /// it costs no retain and release).
     @usableFromInline
-    init(parent: __shared AnyPromise?) {
+    init(parent: Unmanaged<AnyPromise>?) {
         isRoot = parent == nil
         verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
-        if let parent, parent.publishedTag != UInt(PC_PENDING) {
+        if let parent, parent._withUnsafeGuaranteedRef({ $0.publishedTag != UInt(PC_PENDING) }) {
             parentSettledAtCreation = true
-            settledParentRetain = Unmanaged.passRetained(parent)
+            settledParentRetain = parent.retain()
         } else {
             parentSettledAtCreation = false
             // A plain store, through the pointer (no exclusivity check on `core`): nothing
             // else can see this promise yet; the release push that registers it on the
             // parent publishes the word with the rest of it.
-            if let parent { parentWord.pointee = UnownedLink.address(of: parent) }
+            if let parent { parentWord.pointee = UInt(bitPattern: parent.toOpaque()) }
         }
     }
 

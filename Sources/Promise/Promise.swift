@@ -26,24 +26,24 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// A pending promise; settle it with `fulfill`, `reject`, `resolve` or `cancel`.
     public init() {
-        super.init(parent: nil)
+        super.init(parent: nil as Unmanaged<AnyPromise>?)
     }
 
     /// A promise already fulfilled with `value`.
     public init(value: Value) {
-        super.init(parent: nil)
+        super.init(parent: nil as Unmanaged<AnyPromise>?)
         fulfill(value)
     }
 
     /// A promise already rejected with `error`.
     public init(error: any Error) {
-        super.init(parent: nil)
+        super.init(parent: nil as Unmanaged<AnyPromise>?)
         reject(error)
     }
 
     /// A promise already settled with `result`.
     public init(result: Result<Value, any Error>) {
-        super.init(parent: nil)
+        super.init(parent: nil as Unmanaged<AnyPromise>?)
         resolve(result)
     }
 
@@ -88,11 +88,18 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
     init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
-        super.init(parent: parent)
+        super.init(parent: Unmanaged.passUnretained(parent))
         // `.immediate` is there already: skip the existential's generic assignment.
         if !context.isImmediate { self.context = context }
-        self.continuation = .some(continuation)
+        // Initialised in place over the fresh nil: an assignment would first destroy the
+        // old value through the handler's (opaque) release, and retain and release `self`
+        // around that call.
+        Self.initialize(&self.continuation, with: continuation)
         observe(parent, as: .continuation)
+    }
+
+    private static func initialize(_ slot: UnsafeMutablePointer<Continuation?>, with continuation: consuming Continuation) {
+        slot.initialize(to: .some(continuation))
     }
 
     // MARK: Resolver side
