@@ -29,6 +29,13 @@ void *_Nullable swift_tryRetain(void *_Nonnull object);
 void *_Nonnull swift_unownedRetain(void *_Nonnull object);
 void swift_unownedRelease(void *_Nonnull object);
 
+/*
+ * True if `object`'s strong reference count is one (the caller's reference is the only
+ * one): what isKnownUniquelyReferenced calls, without needing a strong variable.
+ * Declared in HeapObject.h as bool (const void *).
+ */
+_Bool swift_isUniquelyReferenced_nonNull_native(const void *_Nonnull object);
+
 #ifdef __cplusplus
 }
 #endif

@@ -305,13 +305,17 @@ extension AnyPromise {
         var work: UnsafeMutablePointer<pc_node>? = nil  // dying promises, linked by their free nodes
 
         func release(_ owned: Unmanaged<AnyPromise>) {
-            var promise = owned.takeRetainedValue()
-            if isKnownUniquelyReferenced(&promise) {
-                // Its node is in no list (a list would hold a retain): reuse it as our link.
-                promise.nodePointer.pointee.next = work
-                work = promise.nodePointer
-                _ = Unmanaged.passRetained(promise)
+            // The runtime's check on the reference itself: `isKnownUniquelyReferenced` needs
+            // a strong variable, a retain and a release per promise of a dying chain.
+            guard swift_isUniquelyReferenced_nonNull_native(owned.toOpaque()) else {
+                owned.release()
+                return
             }
+            // Ours alone: keep the retain for the loop. Its node is in no list (a list would
+            // hold a retain), so it serves as our link.
+            let node = owned._withUnsafeGuaranteedRef { $0.nodePointer }
+            node.pointee.next = work
+            work = node
         }
 
         func stealLinks(of promise: AnyPromise) {
