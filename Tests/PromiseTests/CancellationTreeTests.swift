@@ -250,6 +250,27 @@ final class CancellationTreeTests: XCTestCase {
         XCTAssertNil(weakInner)
     }
 
+    /// A child's link in its parent's registry is the node a root would keep its first
+    /// observer in: a linked child's own observers (each in a box) and its children must
+    /// be unaffected, and the cancel must reach it through the link.
+    func testALinkedChildKeepsItsObserversAndIsCancelledThroughItsLink() {
+        let queue = heldQueue()
+        let log = OrderLog()
+        let parent = Promise(value: 1)
+        let child = parent.then(on: queue) { $0 + 1 }  // queued: linked into `parent`'s registry
+        child.whenComplete(on: .immediate) { if case .failure = $0 { log.append(1) } }
+        child.whenComplete(on: .immediate) { if case .failure = $0 { log.append(2) } }
+        let grandchild = child.then(on: .immediate) { $0 + 1 }
+        parent.cancel(reason: Reason(tag: 7))
+        XCTAssertTrue(child.isCancelled, "the cancel reaches the queued child through its link")
+        XCTAssertTrue(grandchild.isCancelled)
+        XCTAssertEqual(log.all, [1, 2], "each observer of the linked child runs once, in order")
+        queue.resume()
+        queue.sync {}
+        XCTAssertThrowsError(try grandchild.wait()) { XCTAssertEqual($0 as? Reason, Reason(tag: 7)) }
+        XCTAssertEqual(log.all, [1, 2])
+    }
+
     func testRegistryOfALongLivedPromiseIsPruned() {
         let shared = Promise(value: 1)
         let queue = DispatchQueue(label: "prune")
