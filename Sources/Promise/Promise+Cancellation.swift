@@ -75,11 +75,12 @@ extension AnyPromise {
     ///
     /// Why it is needed: a cancel of a settled promise finds the descendants still in
     /// flight through the registry, but a child whose `.immediate` handler is running is
-    /// in none (linking it would cost an allocation on the hottest path), and neither are
-    /// its settled, unlinked ancestors between it and the cancelled promise. So the child
-    /// looks up instead. Dekker-style: the canceller sets PUBLISHED, then its registry
-    /// walk; the child claims, then reads. Either the child's claim comes first (its
-    /// outcome stands: it had settled before the cancel) or it sees the bit.
+    /// in none (linking it would cost four atomic read-modify-writes on the hottest path),
+    /// and neither are its settled, unlinked ancestors between it and the cancelled
+    /// promise. So the child looks up instead. Dekker-style: the canceller sets
+    /// PUBLISHED, then its registry walk; the child claims, then reads. Either the
+    /// child's claim comes first (its outcome stands: it had settled before the cancel)
+    /// or it sees the bit.
     ///
     /// Cost: one look at the parent when no cancel of a settled promise ran anywhere since
     /// the parent checked (the forwarding epoch it recorded is still current); otherwise a
