@@ -83,6 +83,25 @@ void pc_defer(pc_node *node) {
     }
 }
 
+uintptr_t pc_inline_begin(const pc_promise *promise) {
+    if (pc_trampoline.depth != 0) {
+        return PC_PENDING; /* inside a firing: the observer must queue behind it */
+    }
+    /* acquire: pairs with the release half of the publishing CAS in pc_publish, as the
+     * load in pc_observe does; a quiescent outcome seen here makes its value visible. */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+    uintptr_t tags = seen & PC_TAG_MASK;
+    if ((tags & PC_OUTCOME_MASK) == PC_PENDING || (tags & PC_FIRING) != 0) {
+        return PC_PENDING; /* pending, or earlier observers still firing: register */
+    }
+    pc_scope_enter();
+    return tags & PC_OUTCOME_MASK;
+}
+
+void pc_inline_end(void) {
+    pc_scope_leave();
+}
+
 /* ---- registration ---------------------------------------------------------------- */
 
 void pc_observe(pc_promise *promise, pc_node *node) {

@@ -72,6 +72,20 @@ extension AnyPromise {
         pc_publish(corePointer)
     }
 
+    /// True if this promise has settled, nothing fires it now, and this thread is in no
+    /// firing: then an immediate observer may run at once without a node, exactly as
+    /// registering one would have run it, and the caller must call
+    /// `endInlineObservation` after it (which runs the work the observer deferred).
+    @inlinable
+    final func beginInlineObservation() -> Bool {
+        pc_inline_begin(corePointer) != UInt(PC_PENDING)
+    }
+
+    @inlinable
+    final func endInlineObservation() {
+        pc_inline_end()
+    }
+
     /// Registers this promise's own node on `source`, transferring one retain of `self`
     /// to the node (balanced in `promiseNodeFire` or in `releaseDetached`).
     @usableFromInline

@@ -197,6 +197,14 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Result<Value, any Error>) -> Void
     ) {
+        // On a settled promise, with nothing firing on this thread, an immediate observer
+        // runs now, as registering it would, without a box (the trampoline scope still
+        // runs what it triggers after it returns).
+        if context.isImmediate, beginInlineObservation() {
+            body(publishedResult)
+            endInlineObservation()
+            return
+        }
         // The first observer of a root lives in the promise itself (no allocation); the
         // others, and observers of children, in a box each.
         if claimFirstObserverSlot() {

@@ -448,6 +448,51 @@ static void test_defer_inside_fire_runs_after_it(verdict *v) {
     check_self_deferrer(v, &settled, "fired by pc_observe");
 }
 
+/* pc_inline_begin opens a scope only on a settled, quiescent promise and only outside
+ * every scope; what the inline observer defers runs at pc_inline_end, not before. */
+static test_promise *inline_probe_target;
+static uintptr_t inline_probe_seen;
+
+static void inline_probe_nested_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    if (source != NULL) {
+        /* inside a firing: the inline path must refuse */
+        inline_probe_seen = pc_inline_begin(&inline_probe_target->core);
+    }
+}
+
+static void test_inline_begin_end(verdict *v) {
+    test_promise pending = {0}, settled = {0};
+    CHECK(v, pc_inline_begin(&pending.core) == PC_PENDING, "opened on a pending promise");
+    CHECK(v, settle(&settled, PC_FREE, PC_FULFILLED, 7), "claim on a fresh promise lost");
+    CHECK(v, pc_inline_begin(&settled.core) == PC_FULFILLED, "refused a settled, quiescent promise");
+    /* in the scope: a self-deferring observer of another settled promise must wait for
+     * pc_inline_end */
+    test_promise other = {0};
+    CHECK(v, settle(&other, PC_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    self_deferrer d;
+    memset(&d, 0, sizeof d);
+    observer_init(&d.base, self_deferrer_fire, 0, 0);
+    pc_observe(&other.core, &d.base.node);
+    CHECK(v, atomic_load(&d.base.deferred) == 0, "deferred work ran inside the inline scope");
+    CHECK(v, pc_inline_begin(&settled.core) == PC_PENDING, "opened a scope inside a scope");
+    pc_inline_end();
+    CHECK(v, atomic_load(&d.base.deferred) == 1, "pc_inline_end did not run the deferred work");
+    /* from inside a fire callback: refused */
+    test_promise trigger = {0};
+    observer o;
+    observer_init(&o, inline_probe_nested_fire, 0, 0);
+    inline_probe_target = &settled;
+    inline_probe_seen = 99;
+    pc_observe(&trigger.core, &o.node);
+    CHECK(v, settle(&trigger, PC_FREE, PC_FULFILLED, 2), "claim on a fresh promise lost");
+    CHECK(v, inline_probe_seen == PC_PENDING, "opened inside a fire callback (got %lu)",
+          (unsigned long)inline_probe_seen);
+    /* and after everything returned, open again */
+    CHECK(v, pc_inline_begin(&settled.core) == PC_FULFILLED, "refused after the scopes closed");
+    pc_inline_end();
+}
+
 /*
  * A chain of promises: node i observes promise i; its settle fire defers itself, and its
  * deferred call settles promise i + 1. Without the trampoline that is a recursion
@@ -1171,6 +1216,7 @@ int main(void) {
 
     run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
     run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
+    run_test("inline observation: only outside scopes, on a quiescent outcome", test_inline_begin_end);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
 

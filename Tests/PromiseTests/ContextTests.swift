@@ -160,6 +160,36 @@ final class ContextTests: XCTestCase {
         XCTAssertTrue(ran.isSet)
     }
 
+    /// An immediate observer of a settled promise registered from inside another immediate
+    /// handler waits for that handler to return (it queues on the trampoline) instead of
+    /// running in the middle of it.
+    func testImmediateWhenCompleteOnSettledPromiseFromAHandlerRunsAfterIt() {
+        let settled = Promise(value: 1)
+        let trigger = Promise<Int>()
+        let log = Recorder<String>()
+        trigger.whenComplete(on: .immediate) { _ in
+            settled.whenComplete(on: .immediate) { _ in log.append("inner") }
+            log.append("outer returns")
+        }
+        trigger.fulfill(0)
+        XCTAssertEqual(log.values, ["outer returns", "inner"])
+    }
+
+    /// What an immediate observer run at once on a settled promise triggers (here it
+    /// settles a promise with an immediate observer) runs after it returns, and before
+    /// `whenComplete` returns.
+    func testWorkTriggeredByAnImmediateObserverOfASettledPromiseRunsAfterIt() {
+        let settled = Promise(value: 1)
+        let next = Promise<Int>()
+        let log = Recorder<String>()
+        next.whenComplete(on: .immediate) { _ in log.append("next") }
+        settled.whenComplete(on: .immediate) { _ in
+            next.fulfill(2)
+            log.append("first returns")
+        }
+        XCTAssertEqual(log.values, ["first returns", "next"])
+    }
+
     /// Work an immediate handler triggers (settling its child, which fires further
     /// immediate handlers) still completes before the outermost `fulfill` returns.
     func testImmediateChainSettlesCompletelyBeforeFulfillReturns() {

@@ -46,6 +46,7 @@
  *   pc_state        any thread, any time             wait-free (one load)
  *   pc_defer        from inside a fire callback,     wait-free (thread-local)
  *                   or any thread to run a node now
+ *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
  *   pc_detach       only the owner's deinit          wait-free (one load)
  *   pc_children_*   any thread, any time             lock-free (push, take: CAS loops);
  *   pc_family_set                                    forget, pc_family: wait-free
@@ -173,6 +174,18 @@ uintptr_t pc_state(const pc_promise *_Nonnull promise);
  * when called from one (iteration instead of recursion), otherwise at once.
  */
 void pc_defer(pc_node *_Nonnull node);
+
+/*
+ * For an observer that would fire at once (the promise settled and quiescent) and
+ * defer itself: lets the caller run it inline instead, with no node. Returns the
+ * outcome (acquire: its value is visible) and opens a trampoline scope, if this thread
+ * is in no pc_publish / pc_observe / pc_defer scope and the promise is settled and
+ * quiescent; then the caller runs its observer and calls pc_inline_end, which runs the
+ * work the observer deferred, as pc_observe would have. Otherwise returns PC_PENDING
+ * and opens nothing: the caller registers a node as usual.
+ */
+uintptr_t pc_inline_begin(const pc_promise *_Nonnull promise);
+void pc_inline_end(void);
 
 /*
  * The cancellation registry: links to descendants that are still in flight after this
