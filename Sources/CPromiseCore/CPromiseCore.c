@@ -84,15 +84,17 @@ void pc_defer(pc_node *node) {
 }
 
 uintptr_t pc_inline_begin(const pc_promise *promise) {
-    if (pc_trampoline.depth != 0) {
-        return PC_PENDING; /* inside a firing: the observer must queue behind it */
-    }
     /* acquire: pairs with the release half of the publishing CAS in pc_publish, as the
-     * load in pc_observe does; a quiescent outcome seen here makes its value visible. */
+     * load in pc_observe does; a quiescent outcome seen here makes its value visible.
+     * (First: most observers register on pending promises, and this load is cheaper than
+     * the thread-local lookup.) */
     uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
     uintptr_t tags = seen & PC_TAG_MASK;
     if ((tags & PC_OUTCOME_MASK) == PC_PENDING || (tags & PC_FIRING) != 0) {
         return PC_PENDING; /* pending, or earlier observers still firing: register */
+    }
+    if (pc_trampoline.depth != 0) {
+        return PC_PENDING; /* inside a firing: the observer must queue behind it */
     }
     pc_scope_enter();
     return tags & PC_OUTCOME_MASK;

@@ -197,10 +197,11 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Result<Value, any Error>) -> Void
     ) {
+        let immediate = context.isImmediate
         // On a settled promise, with nothing firing on this thread, an immediate observer
         // runs now, as registering it would, without a box (the trampoline scope still
         // runs what it triggers after it returns).
-        if context.isImmediate, beginInlineObservation() {
+        if immediate, beginInlineObservation() {
             body(publishedResult)
             endInlineObservation()
             return
@@ -208,13 +209,12 @@ extension Promise {
         // The first observer of a root lives in the promise itself (no allocation); the
         // others, and observers of children, in a box each.
         if claimFirstObserverSlot() {
-            // Skipped for `.immediate` (once inlined, a constant): the root's context is
-            // `.immediate` already, and the existential's generic assignment costs more.
-            let immediate = context.isImmediate
+            // Skipped for `.immediate`: the root's context is `.immediate` already, and
+            // the existential's generic assignment costs more.
             if !immediate { self.context = context }
             fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
-            if context.isImmediate {
+            if immediate {
                 CompletionObserver(body: body).register(on: self)
             } else {
                 QueuedCompletionObserver(context: context, body: body).register(on: self)
