@@ -272,12 +272,14 @@ extension ObserverBox {
         _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: pc_node.self)
     }
 
-    /// Registers the box on `source`, transferring one retain of the box to its node.
+    /// Registers the box on `source`, handing the caller's reference to its node
+    /// (`consuming`: a fresh box moves its one reference there, with no retain and release).
     @usableFromInline
-    final func register(on source: AnyPromise) {
-        nodePointer.pointee.fire = observerBoxFire
+    final consuming func register(on source: AnyPromise) {
+        let node = nodePointer
+        node.pointee.fire = observerBoxFire
         _ = Unmanaged.passRetained(self)
-        pc_observe(source.corePointer, nodePointer)
+        pc_observe(source.corePointer, node)
     }
 }
 
