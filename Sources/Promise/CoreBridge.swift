@@ -72,13 +72,15 @@ extension AnyPromise {
         pc_publish(corePointer)
     }
 
-    /// True if this promise has settled, nothing fires it now, and this thread is in no
-    /// firing: then an immediate observer may run at once without a node, exactly as
-    /// registering one would have run it, and the caller must call
+    /// The published outcome if this promise has settled, nothing fires it now, and this
+    /// thread is in no firing: then an immediate observer may run at once without a node,
+    /// exactly as registering one would have run it, and the caller must call
     /// `endInlineObservation` after it (which runs the work the observer deferred).
+    /// Otherwise nil, and the caller registers as usual.
     @inlinable
-    final func beginInlineObservation() -> Bool {
-        pc_inline_begin(corePointer) != UInt(PC_PENDING)
+    final func beginInlineObservation() -> UInt? {
+        let tag = UInt(pc_inline_begin(corePointer))
+        return tag == UInt(PC_PENDING) ? nil : tag
     }
 
     @inlinable
@@ -91,9 +93,7 @@ extension AnyPromise {
     @usableFromInline
     final func observe(_ source: AnyPromise, as role: NodeRole) {
         self.role = role
-        nodePointer.pointee.fire = promiseNodeFire
-        _ = Unmanaged.passRetained(self)
-        pc_observe(source.corePointer, nodePointer)
+        registerNode(nodePointer, firingThrough: promiseNodeFire, holding: self, on: source)
     }
 
     /// Runs `promiseNodeFire(node, nil)` after the current firing on this thread; the
@@ -276,11 +276,19 @@ extension ObserverBox {
     /// (`consuming`: a fresh box moves its one reference there, with no retain and release).
     @usableFromInline
     final consuming func register(on source: AnyPromise) {
-        let node = nodePointer
-        node.pointee.fire = observerBoxFire
-        _ = Unmanaged.passRetained(self)
-        pc_observe(source.corePointer, node)
+        registerNode(nodePointer, firingThrough: observerBoxFire, holding: self, on: source)
     }
+}
+
+/// Registers `node` on `source` to fire through `fire`, the node carrying one retain of
+/// `owner`, the object that embeds it (`consuming`: a caller's last reference moves there
+/// instead of being retained and released).
+@inline(__always)
+func registerNode(_ node: UnsafeMutablePointer<pc_node>, firingThrough fire: pc_fire_fn,
+                  holding owner: consuming AnyObject, on source: AnyPromise) {
+    node.pointee.fire = fire
+    _ = Unmanaged.passRetained(owner)
+    pc_observe(source.corePointer, node)
 }
 
 /// The fire callback of an `ObserverBox` (whenComplete, onCancel, resolve(with:), wait).

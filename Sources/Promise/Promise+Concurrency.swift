@@ -93,9 +93,8 @@ class WaiterBase: @unchecked Sendable {
     /// Registers the waiter on `source`, transferring one retain to its node (balanced in
     /// `waiterFire`, or in `releaseOwnedLinksIteratively` if `source` dies pending).
     final func register(on source: AnyPromise) {
-        statePointer.pointee.node.fire = waiterFire
-        _ = Unmanaged.passRetained(self)
-        pc_observe(source.corePointer, &statePointer.pointee.node)
+        let node = UnsafeMutableRawPointer(statePointer).assumingMemoryBound(to: pc_node.self)  // its first field
+        registerNode(node, firingThrough: waiterFire, holding: self, on: source)
     }
 
     /// The awaited promise settled.

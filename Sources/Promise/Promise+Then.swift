@@ -201,17 +201,15 @@ extension Promise {
         // On a settled promise, with nothing firing on this thread, an immediate observer
         // runs now, as registering it would, without a box (the trampoline scope still
         // runs what it triggers after it returns).
-        if immediate, beginInlineObservation() {
-            body(publishedResult)
+        if immediate, let tag = beginInlineObservation() {
+            body(result(published: tag))
             endInlineObservation()
             return
         }
         // The first observer of a root lives in the promise itself (no allocation); the
         // others, and observers of children, in a box each.
         if claimFirstObserverSlot() {
-            // Skipped for `.immediate`: the root's context is `.immediate` already, and
-            // the existential's generic assignment costs more.
-            if !immediate { self.context = context }
+            if !immediate { self.context = context }  // `.immediate` is there already
             fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
             if immediate {

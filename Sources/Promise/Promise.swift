@@ -89,7 +89,8 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     @usableFromInline
     init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
         super.init(parent: Unmanaged.passUnretained(parent))
-        // `.immediate` is there already: skip the existential's generic assignment.
+        // `.immediate` is there already: skip the existential's generic assignment (and a
+        // helper taking the existential as an argument would copy it: measured).
         if !context.isImmediate { self.context = context }
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`
@@ -178,21 +179,22 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     // MARK: Reading the outcome
 
-    /// The outcome once published, nil while pending. A cancelled promise reads as
-    /// `.failure(reason)`.
-    /// The published outcome, for code that saw the promise settled (fire callbacks).
+    /// The outcome `tag` (read with an acquire load, not PC_PENDING) as a `Result`. A
+    /// cancelled promise reads as `.failure(reason)`.
     @inlinable @inline(__always)
-    var publishedResult: Result<Value, any Error> {
-        publishedTag == UInt(PC_FULFILLED) ? .success(storedValue) : .failure(failure ?? CancellationError())
+    func result(published tag: UInt) -> Result<Value, any Error> {
+        tag == UInt(PC_FULFILLED) ? .success(storedValue) : .failure(failure ?? CancellationError())
     }
 
+    /// The published outcome, for code that saw the promise settled (fire callbacks).
+    @inlinable @inline(__always)
+    var publishedResult: Result<Value, any Error> { result(published: publishedTag) }
+
+    /// The outcome once published, nil while pending.
     @inlinable
     var settledResult: Result<Value, any Error>? {
-        switch publishedTag {
-        case UInt(PC_FULFILLED): return .success(storedValue)
-        case UInt(PC_PENDING): return nil
-        default: return .failure(failure ?? CancellationError())
-        }
+        let tag = publishedTag
+        return tag == UInt(PC_PENDING) ? nil : result(published: tag)
     }
 
     override func copyOutcome(from source: AnyPromise, tag: UInt) {
