@@ -44,44 +44,44 @@ public class AnyPromise: @unchecked Sendable {
     /// before it publishes; read only after an acquire load has seen the outcome.
     @usableFromInline @exclusivity(unchecked) final var failure: (any Error)?
 
-    /// True when the parent had already settled when this child was created: then the
-    /// child holds it strongly from the start (`settledParentRetain`; no cycle is possible)
-    /// and leaves `parentWord` at 0.
-    final let parentSettledAtCreation: Bool
-
-    /// The parent, alive or nil. A child created on a pending parent links to it through
-    /// `parentWord`, an unowned link (see `UnownedLink`): a pending parent holds its
-    /// children in its observer list until it fires them, so a strong link would be a
-    /// retain cycle, and a `weak` one would slow down every retain and release of the
-    /// parent. The link stays valid because
+    /// The parent, alive or nil: a strong reference if it is still alive, nil once it has
+    /// begun dying.
     ///
-    /// - while the parent is pending, this child's node is registered on it (it is
-    ///   registered in `Promise.init(parent:context:continuation:)`, at once, and a child's
-    ///   node leaves its parent's list only by being fired or by the parent's death), and
-    ///   a dying parent clears the word of every child it detaches
-    ///   (`releaseOwnedLinksIteratively`) before its memory goes;
-    /// - once the parent fires this child, the child retains it (`settledParentRetain`,
-    ///   taken in the fire callback, while the settling thread still holds the parent), so
-    ///   it cannot die while the child lives; the iterative release, which takes that
-    ///   retain from a dying child before the child's own deinit, clears the word first.
+    /// A child's link up never keeps its parent alive: a pending parent holds its children
+    /// in its observer list (a strong link up would be a cycle), and a settled one must be
+    /// free to go once nobody needs it (a held leaf must not keep the values above it).
+    /// The link holds the parent's *memory* instead, with the runtime's unowned reference
+    /// count (`swift_unownedRetain` at creation, released by our deinit): the parent's
+    /// deinit still runs when its last strong reference goes, which destroys its value and
+    /// releases what it held, but its object stays allocated, so `swift_tryRetain` on it
+    /// stays valid and answers nil from then on. A held leaf thus keeps at most its dead
+    /// parent's bare object, never its value nor anything above it.
     ///
-    /// Reads take the word's lock (cold paths: `parent`, `root`, linking up the chain of an
-    /// ancestor), never `settledParentRetain`, which is written by the firing thread: code
-    /// on that thread or after it (the continuation) reads `settledParent` instead.
+    /// Cost: one atomic increment at creation and one decrement at death, on the parent's
+    /// reference count word; reading is one CAS (`swift_tryRetain`), on cold paths only
+    /// (`parent`, `root`, linking up the chain of an ancestor, the adoption of a followed
+    /// promise's outcome).
     final var parentIfAlive: AnyPromise? {
-        parentSettledAtCreation ? settledParent : UnownedLink.load(parentWord)
+        parentAddress.flatMap(HeldMemory.promiseIfAlive)
     }
 
-    /// The parent once it has settled: the continuation reads its outcome through this,
-    /// and it keeps `parent` answering for as long as this promise lives. Never set while
-    /// the parent is pending, so no retain cycle can form.
+    /// The parent's address, its memory held by our unowned count (see `parentIfAlive`);
+    /// nil for a root. Set once, before the promise is shared.
+    final var parentAddress: UnsafeMutableRawPointer? {
+        UnsafeMutableRawPointer(bitPattern: parentWord.pointee)
+    }
+
+    /// The parent, held from the moment it fires this child until the child's handler has
+    /// run or was dropped: the handler reads the parent's outcome, which lives only as
+    /// long as the parent. Never set while the parent is pending (no retain cycle), and
+    /// dropped as soon as the handler is done (`runContinuationTakingParent`,
+    /// `runDeferred`), so a settled child keeps nothing above it. Written and taken by one
+    /// thread at a time: the firing thread sets it, then hands the child to its context or
+    /// to its own trampoline, whose thread takes it.
     /// Held as `Unmanaged` (one retain, taken in `sourceDidSettle`) so that a dying
     /// promise can pass it on to `releaseOwnedLinksIteratively` without a strong local
     /// copy that would hide whether the parent is uniquely referenced.
     @usableFromInline @exclusivity(unchecked) final var settledParentRetain: Unmanaged<AnyPromise>?
-
-    @usableFromInline
-    final var settledParent: AnyPromise? { settledParentRetain?.takeUnretainedValue() }
 
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs, or released with the promise if it never does.
@@ -136,15 +136,12 @@ public class AnyPromise: @unchecked Sendable {
     init(parent: Unmanaged<AnyPromise>?) {
         isRoot = parent == nil
         verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
-        if let parent, parent._withUnsafeGuaranteedRef({ $0.publishedTag != UInt(PC_PENDING) }) {
-            parentSettledAtCreation = true
-            settledParentRetain = parent.retain()
-        } else {
-            parentSettledAtCreation = false
+        if let parent {
+            // The link up holds the parent's memory, not the parent (see `parentIfAlive`).
             // A plain store, through the pointer (no exclusivity check on `core`): nothing
             // else can see this promise yet; the release push that registers it on the
             // parent publishes the word with the rest of it.
-            if let parent { parentWord.pointee = UInt(bitPattern: parent.toOpaque()) }
+            parentWord.pointee = HeldMemory.hold(parent)
         }
     }
 
@@ -153,6 +150,8 @@ public class AnyPromise: @unchecked Sendable {
         // A settled promise has no observers left; without a parent to let go of either,
         // it owns nothing (the common end of a root), and skips the loop's set-up.
         if settledParentRetain != nil || isPending { releaseOwnedLinksIteratively() }
+        // Last: the loop above may have read the parent through the link.
+        if let parentAddress { HeldMemory.release(parentAddress) }
     }
 
     // MARK: State
@@ -181,10 +180,18 @@ public class AnyPromise: @unchecked Sendable {
     /// The promise this one was derived from with a continuation (`then`, `map`,
     /// `recover`...), or nil for a root.
     ///
-    /// The link does not keep a pending parent alive (that would be a retain cycle: a
-    /// pending parent holds its children until it fires them); once the parent has
-    /// settled, the child holds it, so `parent` keeps answering as long as the child
-    /// lives. A pending parent that nobody else holds can never settle and is freed.
+    /// The link never keeps the parent alive: `parent` answers while the parent lives for
+    /// another reason (someone holds it, or this child's handler has not finished with
+    /// its outcome yet), and nil once it is gone. So holding a settled promise keeps
+    /// nothing above it:
+    ///
+    /// ```swift
+    /// let summary = download().then { summarize($0) }
+    /// // once `summary` settled, the downloaded value is freed: only `summary` is kept,
+    /// // and `summary.parent` is nil unless someone else holds the download.
+    /// ```
+    ///
+    /// A pending parent that nobody else holds can never settle and is freed too.
     public final var parent: AnyPromise? { parentIfAlive }
 
     /// The top of the tree this promise belongs to: itself when it has no parent.
@@ -222,7 +229,8 @@ public class AnyPromise: @unchecked Sendable {
 
     /// Makes this promise follow `source` (same `Value`): it settles as `source` does.
     /// Uses the promise's own node, so only call it when that node is free: from this
-    /// promise's continuation, once it ran (the only caller, `settleFollowing`).
+    /// promise's continuation, once it ran (the only caller, `settleFollowing`), which
+    /// passes the parent it holds.
     ///
     /// The followed promise is work this promise owns (a cancel reaches it), held through
     /// `followeeWord`, an unowned link (see `UnownedLink`): `source` holds us in its
@@ -231,9 +239,7 @@ public class AnyPromise: @unchecked Sendable {
     /// `source` can go unguarded: by `source`'s deinit if it dies pending with our node
     /// registered, by the fire callback when it settles, here when the claim fails.
     @usableFromInline
-    final func follow(_ source: AnyPromise) {
-        // The continuation that calls us read `settledParent` on this thread already.
-        let parent = settledParent
+    final func follow(_ source: AnyPromise, parent: AnyPromise) {
         let address = UnownedLink.address(of: source)
         // Stored before the claim, whose CAS publishes it to a canceller that takes over
         // from FOLLOWING (and reads it after its own CAS). A plain atomic store: the word
@@ -248,11 +254,11 @@ public class AnyPromise: @unchecked Sendable {
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
-        if let parent { linkIntoParentChain(parent: parent) }
+        linkIntoParentChain(parent: parent)
         observe(source, as: .following)
         // Not recording: once observed, `source` may fire on another thread at once, and
         // the adoption there runs the check again and records its epoch.
-        if let reason = cancelReasonFromAncestors(recording: false) {
+        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
             cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
         } else if isCancelled {
             source.cancel(reason: failure ?? CancellationError())  // cancelled meanwhile
@@ -260,10 +266,9 @@ public class AnyPromise: @unchecked Sendable {
     }
 
     /// `source`, on which this promise's node is still registered, is dying pending (its
-    /// deinit detached the node): clear the unowned links that point at it, the parent of
-    /// a child it never fired or the followed promise of a follower, before its memory goes.
+    /// deinit detached the node): clear the link to it if it is our followee, before its
+    /// memory goes. (The link to a parent holds the parent's memory: nothing to clear.)
     final func observedPromiseIsDying(at address: UInt) {
-        UnownedLink.clear(parentWord, ifPointingAt: address)
         UnownedLink.clear(followeeWord, ifPointingAt: address)
     }
 
@@ -276,7 +281,8 @@ public class AnyPromise: @unchecked Sendable {
     final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
         switch role {
         case .continuation:
-            if !parentSettledAtCreation { settledParentRetain = Unmanaged.passRetained(source) }
+            // Held until the handler is done (see `settledParentRetain`).
+            settledParentRetain = Unmanaged.passRetained(source)
             if context.isImmediate {
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
@@ -287,7 +293,10 @@ public class AnyPromise: @unchecked Sendable {
                 // safety) but still happens before the settling call returns.
                 if source.isCancelled, continuation?.hasErrorSide == true {
                     errorSideDispatched = true
-                    sendToContext { self.runContinuation() }
+                    // The work holds the parent itself: `settledParentRetain` stays with
+                    // this thread's deferred half, which drops it (rare: one allocation
+                    // more for the closure's two captures).
+                    sendToContext { [source] in self.runContinuation(parent: source) }
                 }
                 deferOnThisThread()
                 return
@@ -297,7 +306,7 @@ public class AnyPromise: @unchecked Sendable {
             if source.carriesCancelForDescendants {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
-                sendToContext { self.runContinuation() }
+                sendToContext { self.runContinuationTakingParent() }
                 retained.release()
             }
         case .following:
@@ -306,7 +315,9 @@ public class AnyPromise: @unchecked Sendable {
                 // Only the canceller that wins FOLLOWING -> CANCELLED reads the followee
                 // link, and now none can: drop it without the lock, before `source` may go.
                 pc_word_store(followeeWord, 0)
-                if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors() {
+                // The parent if it is still alive: the handler that made us follow is done
+                // and dropped its hold (a dead parent has nothing to pass down any more).
+                if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors(parent: parentIfAlive) {
                     turnClaimIntoCancel(from: UInt32(tag), reason: reason)
                 } else {
                     copyOutcome(from: source, tag: tag)
@@ -332,10 +343,14 @@ public class AnyPromise: @unchecked Sendable {
             // The common case first, without a strong copy of the parent (a retain and a
             // release) or building an optional error: no cancel to pass down.
             let cancelToPassDown = settledParentRetain?._withUnsafeGuaranteedRef { $0.carriesCancelForDescendants } ?? false
-            guard cancelToPassDown, let parent = settledParent, let reason = parent.cancelReasonForDescendants else {
-                runContinuation()
+            guard cancelToPassDown, let parentRetain = settledParentRetain.take(),
+                  let reason = parentRetain._withUnsafeGuaranteedRef({ $0.cancelReasonForDescendants }) else {
+                runContinuationTakingParent()
                 return
             }
+            // The hold on the parent is this thread's from here (taken above): released
+            // when this returns, after the handler's error side if it runs here.
+            let parent = parentRetain.takeRetainedValue()
             // Cancellation flows down at once, whatever context the handler runs on. A
             // cancelled parent still gives the handler its error side, for clean-up; a
             // settled parent whose cancel is being forwarded gives it nothing to run.
@@ -345,7 +360,7 @@ public class AnyPromise: @unchecked Sendable {
                 continuation = nil  // releases the handler unrun
                 return
             }
-            runContinuation()  // immediate: the error side inline
+            runContinuation(parent: parent)  // immediate: the error side inline
         case .following:
             role = .idle
             publishClaimedOutcome()
@@ -354,18 +369,26 @@ public class AnyPromise: @unchecked Sendable {
         }
     }
 
-    /// Runs the continuation once, unless this promise was settled by someone else first
-    /// (then only a cancelled parent still gets the handler's error side).
+    /// Runs the continuation with the parent that `settledParentRetain` holds, then drops
+    /// that hold: a settled child keeps nothing above it. Only for the thread the firing
+    /// handed the child to (its context, or the settling thread's trampoline).
     @usableFromInline
-    final func runContinuation() {
-        // The parent borrowed, not retained: `settledParentRetain` holds it until our deinit.
-        settledParentRetain?._withUnsafeGuaranteedRef { parent in
-            guard let handler = continuation.take() else { return }
-            // `role` stays `.continuation` (the settling thread may still read it in
-            // `runDeferred` while this runs on the context); `follow` moves it on.
-            let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-            if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
-            handler.run(parent, self)
-        }
+    final func runContinuationTakingParent() {
+        guard let parentRetain = settledParentRetain.take() else { return }
+        parentRetain._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
+        parentRetain.release()  // may free the parent, and iteratively the chain above it
+    }
+
+    /// Runs the continuation once, unless this promise was settled by someone else first
+    /// (then only a cancelled parent still gets the handler's error side). `parent` is
+    /// held by the caller for the call.
+    @usableFromInline
+    final func runContinuation(parent: AnyPromise) {
+        guard let handler = continuation.take() else { return }
+        // `role` stays `.continuation` (the settling thread may still read it in
+        // `runDeferred` while this runs on the context); `follow` moves it on.
+        let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
+        if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
+        handler.run(parent, self)
     }
 }

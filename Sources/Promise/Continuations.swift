@@ -108,11 +108,11 @@ extension AnyPromise {
 extension Promise {
     /// Follows `promise` when a handler returned it; rejects if the handler threw.
     @inlinable
-    func settleFollowing(_ body: () throws -> Promise<Value>) {
+    func settleFollowing(parent: AnyPromise, _ body: () throws -> Promise<Value>) {
         do {
-            follow(try body())
+            follow(try body(), parent: parent)
         } catch {
-            rejectFromHandler(error)
+            rejectFromHandler(error, parent: parent)
         }
     }
 }
@@ -148,9 +148,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settleFromHandler { try body(value) }
+                child.settleFromHandler(parent: source) { try body(value) }
             } else if let error = source.rejection {
-                child.rejectFromHandler(error)
+                child.rejectFromHandler(error, parent: source)
             }
         }
     }
@@ -164,9 +164,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settleFollowing { try body(value) }
+                child.settleFollowing(parent: source) { try body(value) }
             } else if let error = source.rejection {
-                child.rejectFromHandler(error)
+                child.rejectFromHandler(error, parent: source)
             }
         }
     }
@@ -185,9 +185,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settleFromHandler { try handlers.onFulfilled(value) }
+                child.settleFromHandler(parent: source) { try handlers.onFulfilled(value) }
             } else if let error = source.rejection {
-                child.settleFromHandler { try handlers.onRejected(error) }
+                child.settleFromHandler(parent: source) { try handlers.onRejected(error) }
             } else if let reason = source.cancellationReason {
                 _ = try? handlers.onRejected(reason)
             }
@@ -203,9 +203,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfillFromHandler(value)
+                child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
-                child.settleFromHandler { try body(error) }
+                child.settleFromHandler(parent: source) { try body(error) }
             } else if let reason = source.cancellationReason {
                 _ = try? body(reason)
             }
@@ -221,9 +221,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfillFromHandler(value)
+                child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
-                child.settleFollowing { try body(error) }
+                child.settleFollowing(parent: source) { try body(error) }
             } else if let reason = source.cancellationReason {
                 // Clean-up only: the child stays cancelled, and the work it would have
                 // followed is cancelled with it.
@@ -241,9 +241,9 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfillFromHandler(value)
+                child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
-                child.rejectFromHandler(body(error))
+                child.rejectFromHandler(body(error), parent: source)
             } else if let reason = source.cancellationReason {
                 _ = body(reason)
             }
@@ -260,10 +260,10 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfillFromHandler(value)
+                child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
                 body(error)
-                child.rejectFromHandler(error)
+                child.rejectFromHandler(error, parent: source)
             } else if let reason = source.cancellationReason {
                 body(reason)
             }
@@ -281,9 +281,9 @@ extension Continuation {
             let child = unsafeDowncast(target, to: Promise<T>.self)
             body()
             if let value = source.fulfilledValue(as: T.self) {
-                child.fulfillFromHandler(value)
+                child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
-                child.rejectFromHandler(error)
+                child.rejectFromHandler(error, parent: source)
             }
         }
     }
@@ -297,12 +297,12 @@ extension Continuation {
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
             if let value = source.fulfilledValue(as: T.self) {
-                child.settleFromHandler {
+                child.settleFromHandler(parent: source) {
                     guard try predicate(value) else { throw PromiseError.validationFailure }
                     return value
                 }
             } else if let error = source.rejection {
-                child.rejectFromHandler(error)
+                child.rejectFromHandler(error, parent: source)
             }
         }
     }

@@ -103,7 +103,8 @@ extension AnyPromise {
         pc_defer(nodePointer)
     }
 
-    /// The locked word holding the parent (see `UnownedLink`).
+    /// The word holding the parent's address, whose memory this promise holds (see
+    /// `parentIfAlive`); written once, before the promise is shared.
     final var parentWord: UnsafeMutablePointer<UInt> {
         (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.parent)!)
             .assumingMemoryBound(to: UInt.self)
@@ -168,6 +169,31 @@ enum UnownedLink {
         guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) == address else { return }
         let seen = pc_word_lock(word)
         pc_word_unlock(word, seen == address ? 0 : seen)
+    }
+}
+
+/// Links that hold a promise's memory but not the promise: the runtime's unowned reference
+/// count. The promise still dies (its deinit runs, destroying its value and releasing what
+/// it holds) when its last strong reference goes; only its bare object stays allocated
+/// until the last hold is released, so trying it stays valid. Used by a child's link to
+/// its parent (`parentIfAlive`) and by the cancellation registry's links to children.
+enum HeldMemory {
+    /// Holds `promise`'s memory; returns its address, for `promiseIfAlive` and `release`.
+    static func hold(_ promise: Unmanaged<AnyPromise>) -> UInt {
+        UInt(bitPattern: swift_unownedRetain(promise.toOpaque()))
+    }
+
+    /// The promise at `address` (whose memory the caller holds), retained, or nil once it
+    /// has begun dying. swift_tryRetain: one CAS on the count word, which also holds the
+    /// deiniting flag, so it cannot succeed on a promise whose deinit has started.
+    static func promiseIfAlive(at address: UnsafeMutableRawPointer) -> AnyPromise? {
+        // Balances swift_tryRetain's retain.
+        swift_tryRetain(address).map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
+    }
+
+    /// Drops a hold; the last one frees the memory of a promise that has died.
+    static func release(_ address: UnsafeMutableRawPointer) {
+        swift_unownedRelease(address)
     }
 }
 
@@ -321,7 +347,7 @@ func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) 
 
 extension AnyPromise {
     /// Releases what a dying promise owns without recursing: observers of a promise that
-    /// never settled, and the settled parent. A promise that only we still hold would
+    /// never settled, and a settled parent it still held for a handler that never ran. A promise that only we still hold would
     /// release its own links from inside its deinit, one level deeper each time (a
     /// million-step chain would overflow the stack), so its links are stolen into this
     /// loop first and it dies with nothing left to release.
@@ -369,13 +395,7 @@ extension AnyPromise {
             }
             if let parent = promise.settledParentRetain {
                 promise.settledParentRetain = nil
-                if promise !== self {
-                    // Unlike `self`, which is deiniting, `promise` can still be reached (a
-                    // weak reference can load it) and its parent link read: the link must
-                    // not outlive the retain dropped here (see `parentIfAlive`).
-                    UnownedLink.clear(promise.parentWord, ifPointingAt: UInt(bitPattern: parent.toOpaque()))
-                }
-                release(parent)
+                release(parent)  // its link up holds the memory: `parent` answers nil once it died
             }
         }
 

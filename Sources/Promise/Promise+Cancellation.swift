@@ -90,8 +90,8 @@ extension AnyPromise {
     /// `recording: false` only looks (for a promise that may be adopting an outcome on
     /// another thread meanwhile, which records for itself).
     @usableFromInline
-    final func cancelReasonFromAncestors(recording: Bool = true) -> (any Error)? {
-        guard let parentRetain = settledParentRetain else { return nil }  // a root, or settled from outside
+    final func cancelReasonFromAncestors(parent: AnyPromise?, recording: Bool = true) -> (any Error)? {
+        guard let parent else { return nil }  // a root, or a parent that died
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = UInt(pc_forwarding_epoch())
         let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
@@ -101,17 +101,16 @@ extension AnyPromise {
         }
         // The first ancestor's reason, walking up until one vouches for those above it.
         @inline(__always) func reasonAbove() -> (any Error)? {
-            // The common case, without touching reference counts (the parent is held by
-            // `settledParentRetain`): no cancel on the parent, and it verified this epoch.
-            if parentRetain._withUnsafeGuaranteedRef({ !$0.carriesCancelForDescendants && coversAbove($0) }) {
+            // The common case, without touching reference counts (the caller holds the
+            // parent): no cancel on the parent, and it verified this epoch.
+            if !parent.carriesCancelForDescendants && coversAbove(parent) {
                 return nil
             }
-            var ancestor = parentRetain.takeUnretainedValue()
+            var ancestor = parent
             while true {
                 if let reason = ancestor.cancelReasonForDescendants { return reason }
                 if coversAbove(ancestor) { return nil }
-                // `parentIfAlive`, not `settledParent`: an ancestor settled from outside may
-                // still be getting its settled parent stored by another thread.
+                // An ancestor that died has nobody left to cancel it, and passes nothing down.
                 guard let up = ancestor.parentIfAlive, !up.isPending else { return nil }
                 ancestor = up
             }
@@ -129,9 +128,9 @@ extension AnyPromise {
 
     /// `reject` for a handler settling its child (see `fulfillFromHandler`).
     @usableFromInline
-    final func rejectFromHandler(_ error: any Error) {
+    final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
         guard claim(from: PC_FREE, to: PC_REJECTED) else { return }
-        if let reason = cancelReasonFromAncestors() {
+        if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = error

@@ -1,4 +1,39 @@
 // Combinators that run user work one step at a time: `sequence` and `retry`.
+import Foundation
+
+/// The step a `sequence` or `retry` waits for: the one promise a cancel of the output must
+/// reach. One per run, registered once with the output's `onCancel`, so a run of any
+/// length holds nothing of its finished steps. The step is held weakly: the output looks
+/// down at its input, which its own resolver keeps alive (a strong link here would also
+/// close a cycle through the step's observer, which holds the run).
+///
+/// Threading: a lock, taken once per step and once per cancel (cold paths: never on the
+/// register, settle or fire path of any promise).
+final class StepInFlight: @unchecked Sendable {
+    private let lock = NSLock()
+    private weak var step: AnyPromise?
+    private var cancelReason: (any Error)?
+
+    /// Makes `step` the one in flight; cancels it at once if the output was cancelled
+    /// before it started.
+    func start(_ step: AnyPromise) {
+        lock.lock()
+        let reason = cancelReason
+        if reason == nil { self.step = step }
+        lock.unlock()
+        if let reason { step.cancel(reason: reason) }
+    }
+
+    /// The output was cancelled: cancels the step in flight, and any that starts later.
+    func cancel(reason: any Error) {
+        lock.lock()
+        cancelReason = reason
+        let step = self.step
+        self.step = nil
+        lock.unlock()
+        step?.cancel(reason: reason)
+    }
+}
 
 /// The values `sequence` has collected. Touched by one step at a time: each step starts
 /// only after the previous one's promise settled, which orders the accesses.
@@ -15,7 +50,8 @@ extension Promise {
     /// let uploaded = Promise.sequence(files) { file in upload(file) }   // Promise<[Receipt]>
     /// ```
     ///
-    /// Cancelling the result cancels the step in flight and starts no other.
+    /// Cancelling the result cancels the step in flight and starts no other. The run holds
+    /// only the step in flight: each finished step is freed as soon as nobody else holds it.
     ///
     /// Threading: `work` runs on `context`, once per input, never two at a time.
     public static func sequence<Inputs: Sequence>(
@@ -27,6 +63,8 @@ extension Promise {
         let output = Promise<[Value]>()
         let collected = Collected<Value>()
         collected.values.reserveCapacity(items.count)
+        let inFlight = StepInFlight()
+        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
 
         @Sendable func step(_ index: Int) {
             guard index < items.count else {
@@ -42,7 +80,7 @@ extension Promise {
                     output.reject(error)
                     return
                 }
-                output.onCancel(withReason: { current.cancel(reason: $0) })
+                inFlight.start(current)
                 current.whenComplete(on: .immediate) { result in
                     switch result {
                     case .success(let value):
@@ -66,7 +104,7 @@ extension Promise {
     /// ```
     ///
     /// Cancelling the result cancels the attempt in flight and starts no other. A
-    /// cancelled attempt is not retried.
+    /// cancelled attempt is not retried. The run holds only the attempt in flight.
     ///
     /// - Precondition: `attempts >= 1`.
     /// Threading: `body` runs on `context`.
@@ -78,6 +116,8 @@ extension Promise {
     ) -> Promise<Value> {
         precondition(attempts >= 1, "Promise.retry needs at least one attempt (got \(attempts))")
         let output = Promise<Value>()
+        let inFlight = StepInFlight()
+        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
 
         @Sendable func attempt(_ number: Int) {
             context.execute {
@@ -88,13 +128,15 @@ extension Promise {
                 } catch {
                     current = Promise(error: error)
                 }
-                output.onCancel(withReason: { current.cancel(reason: $0) })
-                current.whenComplete(on: .immediate) { result in
+                inFlight.start(current)
+                // `current` weakly: its own observer must not keep it alive (a cycle while it
+                // is pending); when this runs, its firing holds it.
+                current.whenComplete(on: .immediate) { [weak current] result in
                     switch result {
                     case .success(let value):
                         output.fulfill(value)
                     case .failure(let error):
-                        if number >= attempts || current.isCancelled {
+                        if number >= attempts || current?.isCancelled == true {
                             output.reject(error)
                         } else if delay <= .zero {
                             attempt(number + 1)

@@ -156,9 +156,9 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// `cancelReasonFromAncestors`), so a handler that was already running when the tree
     /// was cancelled leaves its child cancelled, not fulfilled.
     @inlinable
-    func fulfillFromHandler(_ value: Value) {
+    func fulfillFromHandler(_ value: Value, parent: AnyPromise) {
         guard claim(from: PC_FREE, to: PC_FULFILLED) else { return }
-        if let reason = cancelReasonFromAncestors() {
+        if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
             publishClaimedOutcome()
             return
@@ -169,11 +169,11 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// `settle` for a handler settling its child (see `fulfillFromHandler`).
     @inlinable
-    func settleFromHandler(_ body: () throws -> Value) {
+    func settleFromHandler(parent: AnyPromise, _ body: () throws -> Value) {
         do {
-            fulfillFromHandler(try body())
+            fulfillFromHandler(try body(), parent: parent)
         } catch {
-            rejectFromHandler(error)
+            rejectFromHandler(error, parent: parent)
         }
     }
 

@@ -15,13 +15,6 @@ private final class TreeCounter: @unchecked Sendable {
 }
 
 final class CancellationTreeTests: XCTestCase {
-    /// A serial queue held suspended, so handlers dispatched to it stay queued.
-    private func heldQueue() -> DispatchQueue {
-        let queue = DispatchQueue(label: "held")
-        queue.suspend()
-        return queue
-    }
-
     func testCancelAfterFulfilReachesChildWhoseHandlerIsStillQueued() {
         let queue = heldQueue()
         let ran = TreeCounter()
@@ -289,12 +282,35 @@ final class CancellationTreeTests: XCTestCase {
     func testCancelOfADeepSettledChainReachesTheQueuedLeafWithoutRecursion() {
         let queue = heldQueue()
         let root = Promise(value: 0)
-        var last = root
-        for _ in 0..<100_000 { last = last.then(on: .immediate) { $0 + 1 } }
-        let leaf = last.then(on: queue) { $0 }
+        var chain = [root]  // held: a settled step nobody holds is gone, and so is its link
+        for _ in 0..<100_000 { chain.append(chain[chain.count - 1].then(on: .immediate) { $0 + 1 }) }
+        let leaf = chain[chain.count - 1].then(on: queue) { $0 }
         root.cancel()
         XCTAssertTrue(leaf.isCancelled)
-        XCTAssertEqual(try last.wait(), 100_000)
+        XCTAssertEqual(try chain[chain.count - 1].wait(), 100_000)
+        queue.resume()
+    }
+
+    /// The tree is what `parent` shows: once the settled steps between a root and a later
+    /// child are gone (nobody held them, nothing was in flight), the child's tree starts at
+    /// its oldest living ancestor, and that is where a cancel of the whole tree starts.
+    func testTreeOfAChildUnderADeadSettledStepStartsAtItsOldestLivingAncestor() {
+        let queue = heldQueue()
+        let root = Promise(value: 0)
+        weak var weakMiddle: Promise<Int>?
+        let last: Promise<Int>
+        do {
+            let middle = root.then(on: .immediate) { $0 + 1 }
+            weakMiddle = middle
+            last = middle.then(on: .immediate) { $0 + 1 }
+        }
+        XCTAssertNil(weakMiddle, "a settled step nobody holds stays alive")
+        XCTAssertNil(last.parent)
+        let leaf = last.then(on: queue) { $0 }
+        XCTAssertTrue(leaf.root === last)
+        leaf.root.cancel(reason: Reason(tag: 9))
+        XCTAssertTrue(leaf.isCancelled)
+        XCTAssertEqual(root.state, .fulfilled)
         queue.resume()
     }
 

@@ -277,6 +277,25 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(log.all, [1])
     }
 
+    func testSequenceKeepsOnlyTheStepInFlight() throws {
+        let finishedStep = WeakPromise()
+        let secondStep = Promise<Int>()
+        let secondStarted = Promise<Void>()
+        let result = Promise.sequence([1, 2]) { value -> Promise<Int> in
+            guard value == 2 else {
+                let step = Promise(value: value)
+                finishedStep.promise = step
+                return step
+            }
+            secondStarted.fulfill(())
+            return secondStep
+        }
+        try secondStarted.wait(timeout: .seconds(10))
+        XCTAssertTrue(eventually { finishedStep.promise == nil }, "a finished step was kept until the sequence ends")
+        result.cancel()
+        XCTAssertThrowsError(try secondStep.wait(timeout: .seconds(10))) { XCTAssertTrue($0 is CancellationError) }
+    }
+
     // MARK: retry
 
     func testRetryCallsAtMostAttemptsTimesAndRejectsWithTheLastError() {
@@ -287,6 +306,28 @@ final class CombinatorTests: XCTestCase {
         }
         XCTAssertThrowsError(try result.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 3)) }
         XCTAssertEqual(log.all.count, 3)
+    }
+
+    func testRetryKeepsOnlyTheAttemptInFlight() throws {
+        let failedAttempt = WeakPromise()
+        let secondAttempt = Promise<Int>()
+        let secondStarted = Promise<Void>()
+        let calls = Log<Int>()
+        let result = Promise<Int>.retry(attempts: 3) {
+            calls.append(0)
+            guard calls.all.count == 2 else {
+                let attempt = Promise<Int>(error: Failure(code: 1))
+                failedAttempt.promise = attempt
+                return attempt
+            }
+            secondStarted.fulfill(())
+            return secondAttempt
+        }
+        try secondStarted.wait(timeout: .seconds(10))
+        XCTAssertTrue(eventually { failedAttempt.promise == nil }, "a failed attempt was kept until the retry ends")
+        result.cancel()
+        XCTAssertThrowsError(try secondAttempt.wait(timeout: .seconds(10))) { XCTAssertTrue($0 is CancellationError) }
+        XCTAssertEqual(calls.all.count, 2, "a cancelled attempt is not retried")
     }
 
     func testRetryStopsAtTheFirstSuccess() throws {

@@ -3,6 +3,7 @@
 // harness that starts racing threads together. Locks are fine here: these are tests.
 import Dispatch
 import Foundation
+import CMallocInfo
 import Promise
 import XCTest
 
@@ -392,4 +393,55 @@ extension XCTestCase {
             XCTFail("the child process did not run \(qualified):\n\(text)", file: file, line: line)
         }
     }
+}
+
+/// A serial queue held suspended, so handlers dispatched to it stay queued until `resume()`.
+func heldQueue() -> DispatchQueue {
+    let queue = DispatchQueue(label: "held")
+    queue.suspend()
+    return queue
+}
+
+/// Counts the `Payload`s alive: a value's lifetime, which no `weak` reference can show.
+final class LifeTracker: @unchecked Sendable {
+    private let lock = NSLock()
+    private var count = 0
+
+    func born() { lock.lock(); count += 1; lock.unlock() }
+    func died() { lock.lock(); count -= 1; lock.unlock() }
+
+    var alive: Int {
+        lock.lock(); defer { lock.unlock() }
+        return count
+    }
+}
+
+/// A large value whose life `tracker` counts.
+struct Payload: Sendable {
+    let bytes: [UInt8]
+    private let life: Life
+
+    init(bytes: [UInt8], tracker: LifeTracker) {
+        self.bytes = bytes
+        self.life = Life(tracker)
+    }
+
+    private final class Life: Sendable {
+        let tracker: LifeTracker
+        init(_ tracker: LifeTracker) { self.tracker = tracker; tracker.born() }
+        deinit { tracker.died() }
+    }
+}
+
+/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`), or nil
+/// where that is not available. Exact, unlike the resident set, which freed pages leave.
+func mallocBytesInUse() -> Int? {
+    let bytes = cmi_malloc_bytes_in_use()
+    return bytes < 0 ? nil : bytes
+}
+
+/// A weak reference a `@Sendable` closure can fill in: to see when a promise made inside
+/// a combinator's work is freed.
+final class WeakPromise: @unchecked Sendable {
+    weak var promise: AnyPromise?
 }
