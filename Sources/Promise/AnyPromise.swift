@@ -265,6 +265,18 @@ public class AnyPromise: @unchecked Sendable {
         }
     }
 
+    /// For a handler that leaves its child pending, to be settled later by someone else
+    /// (`Continuation.handOff`): links the child into its parent's cancellation registry,
+    /// so that a cancel forwarded through the settled parent still reaches it, and applies
+    /// one that reached an ancestor already.
+    @usableFromInline
+    final func stayInFlight(parent: AnyPromise) {
+        linkIntoParentChain(parent: parent)
+        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
+            cancel(reason: reason)
+        }
+    }
+
     /// `source`, on which this promise's node is still registered, is dying pending (its
     /// deinit detached the node): clear the link to it if it is our followee, before its
     /// memory goes. (The link to a parent holds the parent's memory: nothing to clear.)

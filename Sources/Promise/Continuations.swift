@@ -171,6 +171,28 @@ extension Continuation {
         }
     }
 
+    /// A handler that settles its child later, itself (`delay`): given the parent's value
+    /// and the child, it arranges for the child to be settled; a rejection passes on at
+    /// once. The child stays an ordinary pending promise meanwhile, not locked in: its
+    /// holder may still settle it, and it is linked into its parent's cancellation
+    /// registry, so a cancel forwarded through the parent still reaches it.
+    @inlinable
+    static func handOff<T: Sendable>(_ body: @escaping @Sendable (T, Promise<T>) -> Void) -> Continuation {
+        typealias Body = @Sendable (T, Promise<T>) -> Void
+        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = Continuation.take(Body.self, from: slot)
+            guard source != nil else { return }  // only releasing it
+            let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
+            let child = unsafeDowncast(target, to: Promise<T>.self)
+            if let value = source.fulfilledValue(as: T.self) {
+                child.stayInFlight(parent: source)
+                body(value, child)
+            } else if let error = source.rejection {
+                child.rejectFromHandler(error, parent: source)
+            }
+        }
+    }
+
     /// RXPromise's `then(onFulfilled, onRejected)`.
     @inlinable
     static func both<T: Sendable, U: Sendable>(

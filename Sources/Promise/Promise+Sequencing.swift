@@ -106,7 +106,9 @@ extension Promise {
     /// Cancelling the result cancels the attempt in flight and starts no other. A
     /// cancelled attempt is not retried. The run holds only the attempt in flight.
     ///
-    /// - Precondition: `attempts >= 1`.
+    /// `attempts` below 1 (a count that came from configuration, say) calls `body` never
+    /// and returns a promise rejected with `PromiseError.invalidArgument`, which names it.
+    ///
     /// Threading: `body` runs on `context`.
     public static func retry(
         attempts: Int,
@@ -114,7 +116,10 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable () throws -> Promise<Value>
     ) -> Promise<Value> {
-        precondition(attempts >= 1, "Promise.retry needs at least one attempt (got \(attempts))")
+        guard attempts >= 1 else {
+            return Promise(error: PromiseError.invalidArgument(
+                "Promise.retry needs at least one attempt, and was given \(attempts)"))
+        }
         let output = Promise<Value>()
         let inFlight = StepInFlight()
         output.onCancel(withReason: { inFlight.cancel(reason: $0) })

@@ -60,9 +60,14 @@ extension Promise {
     /// let debounced = query.delay(.milliseconds(300))
     /// ```
     ///
-    /// Cancelling the child cancels its pending timer (never the receiver).
+    /// The child is an ordinary pending promise until the timer fires: whoever holds it
+    /// may still settle it (an outside `reject` before the time is up wins, and the timer
+    /// then does nothing). Cancelling or settling it stops its timer (never the receiver).
     public func delay(_ interval: Duration) -> Promise<Value> {
-        flatMap(on: .immediate) { value in .fulfilling(value, after: interval) }
+        Promise(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
+            let timer = PromiseTimer(after: interval) { child.fulfill(value) }
+            child.whenComplete(on: .immediate) { _ in timer.cancel() }
+        })
     }
 
     /// A child that settles as this promise does, unless `interval` passes first: then

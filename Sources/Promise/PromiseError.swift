@@ -1,9 +1,65 @@
-/// Errors the library itself produces.
+import Foundation
+
+/// Errors the library itself produces. Each describes itself in a sentence, for logs:
+/// `String(describing:)`, `localizedDescription` and `errorDescription` all give it.
+///
+/// ```swift
+/// do {
+///     let config = try fetchConfig().timeout(.seconds(2)).wait()
+/// } catch PromiseError.timedOut {
+///     useDefaults()
+/// } catch {
+///     log.error("config: \(error.localizedDescription)")
+/// }
+/// ```
 public enum PromiseError: Error, Sendable {
     /// `wait(timeout:)` or `timeout(_:)` ran out of time.
+    ///
+    /// It carries no duration: `PromiseError.timedOut` stays a value that code can throw
+    /// and compare, which an associated value would rule out. The log line of a timeout
+    /// is best written where the duration is known.
     case timedOut
     /// A `validate` predicate returned false.
     case validationFailure
     /// Every input of `Promise.any` was rejected; the errors are in input order.
     case allRejected([any Error])
+    /// The promise this one waited for was freed before anyone settled it: its last
+    /// reference went away while it was pending, so it never could be settled. Delivered
+    /// to everything still waiting on it (children, observers, `await`ers, `wait()`
+    /// callers, combinators), as folly's `BrokenPromise`.
+    case brokenPromise
+    /// A promise would have waited on itself, directly (`p.resolve(with: p)`, a handler
+    /// returning its own child) or through a cycle of promises following each other
+    /// (Promises/A+ 2.3.1).
+    case cycle
+    /// An argument was out of range, such as `Promise.retry(attempts: 0)`; the text says
+    /// which and why.
+    case invalidArgument(String)
+}
+
+extension PromiseError: CustomStringConvertible, LocalizedError {
+    /// The error as a sentence, e.g. "every input was rejected (3 errors: ...)".
+    public var description: String {
+        switch self {
+        case .timedOut:
+            return "the promise timed out before it was settled"
+        case .validationFailure:
+            return "validation failed: the value did not pass the promise's validate check"
+        case .allRejected(let errors):
+            guard !errors.isEmpty else { return "every input was rejected (there were no inputs)" }
+            let listed = errors.prefix(3).map { String(describing: $0) }.joined(separator: "; ")
+            let more = errors.count > 3 ? "; and \(errors.count - 3) more" : ""
+            return "every input was rejected (\(errors.count) error\(errors.count == 1 ? "" : "s"): \(listed)\(more))"
+        case .brokenPromise:
+            return "the promise was dropped before it was settled: nothing can settle it any more"
+        case .cycle:
+            return "the promise would wait on itself: it follows a chain of promises that leads back to it"
+        case .invalidArgument(let explanation):
+            return "invalid argument: \(explanation)"
+        }
+    }
+
+    /// The same sentence as `description`, for `localizedDescription` and logging
+    /// frameworks that read `LocalizedError`.
+    public var errorDescription: String? { description }
 }

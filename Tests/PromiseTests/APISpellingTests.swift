@@ -51,13 +51,17 @@ final class APISpellingTests: XCTestCase {
         XCTAssertTrue(isSendable(PromiseError.self))
         let states: [PromiseState] = [.pending, .fulfilled, .rejected, .cancelled]
         XCTAssertEqual(Set(states.map { "\($0)" }).count, 4)
-        let errors: [PromiseError] = [.timedOut, .validationFailure, .allRejected([TestError(1)])]
+        let errors: [PromiseError] = [.timedOut, .validationFailure, .allRejected([TestError(1)]),
+                                      .brokenPromise, .cycle, .invalidArgument("attempts was 0")]
         for e in errors {
             switch e {
-            case .timedOut, .validationFailure: break
+            case .timedOut, .validationFailure, .brokenPromise, .cycle: break
             case .allRejected(let list): XCTAssertEqual(list.count, 1)
+            case .invalidArgument(let explanation): XCTAssertEqual(explanation, "attempts was 0")
             }
         }
+        // Errors explain themselves to loggers (LocalizedError, CustomStringConvertible).
+        XCTAssertEqual(PromiseError.brokenPromise.localizedDescription, "\(PromiseError.brokenPromise)")
         let asError: any Error = PromiseError.timedOut
         XCTAssertTrue(asError is PromiseError)
     }

@@ -330,6 +330,22 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(calls.all.count, 2, "a cancelled attempt is not retried")
     }
 
+    func testRetryWithFewerThanOneAttemptRejectsWithAnExplanationInsteadOfTrapping() {
+        for attempts in [0, -3] {
+            let calls = Log<Int>()
+            let result = Promise<Int>.retry(attempts: attempts) {
+                calls.append(0)
+                return Promise(value: 1)
+            }
+            XCTAssertThrowsError(try result.wait(timeout: .seconds(10))) { error in
+                guard case PromiseError.invalidArgument = error else { return XCTFail("got \(error)") }
+                XCTAssertTrue(error.localizedDescription.contains("\(attempts)"),
+                              "the message does not name the bad count: \(error.localizedDescription)")
+            }
+            XCTAssertEqual(calls.all.count, 0)
+        }
+    }
+
     func testRetryStopsAtTheFirstSuccess() throws {
         let log = Log<Int>()
         let result = Promise<String>.retry(attempts: 5) {
@@ -368,6 +384,25 @@ final class CombinatorTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(elapsed(since: start), .milliseconds(30))
         let rejected = Promise<Int>(error: Failure(code: 1)).delay(.seconds(60))
         XCTAssertThrowsError(try rejected.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 1)) }
+    }
+
+    /// From Google Promises' suite: the output of `delay` is not locked to an internal
+    /// timer promise; an outside reject before the time is up wins.
+    func testDelayOutputCanBeRejectedFromOutsideBeforeItsTimer() {
+        let delayed = Promise(value: 42).delay(.seconds(60))
+        XCTAssertTrue(delayed.isPending)
+        XCTAssertTrue(delayed.reject(Failure(code: 9)), "the delayed promise ignored an outside reject")
+        XCTAssertThrowsError(try delayed.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 9)) }
+        XCTAssertFalse(delayed.fulfill(1), "a settled delayed promise took a second outcome")
+    }
+
+    func testDelayOutputIsAChildThatACancelOfTheSettledSourceReaches() {
+        let source = Promise(value: 1)
+        let delayed = source.delay(.seconds(60))
+        XCTAssertTrue(delayed.parent === source)
+        source.cancel(reason: Failure(code: 3))
+        XCTAssertTrue(delayed.isCancelled)
+        XCTAssertEqual(source.state, .fulfilled)
     }
 
     func testTimeoutRejectsTheChildAndLeavesTheSourceUntouched() {
