@@ -11,7 +11,7 @@ struct AggregatorSlot {
     var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
     /// The input, unowned (see `UnownedLink`), so that cancelling the aggregate can cancel
     /// it while it is pending without the aggregate keeping it. Valid while this slot is
-    /// registered on it (an input that dies pending clears it: `releaseAggregatorSlot`),
+    /// registered on it (an input that dies pending clears it: `clearAggregatorSlotInput`),
     /// and after, when `settled` holds the input for the aggregator's life.
     var input: UInt = 0
 }
@@ -118,12 +118,11 @@ func inputWord(_ slot: UnsafeMutablePointer<AggregatorSlot>) -> UnsafeMutablePoi
         .assumingMemoryBound(to: UInt.self)
 }
 
-/// Its input died pending (at `input`, in its deinit): clears the slot's unowned link to
-/// it, then drops the retain of the aggregator that the registration held.
-func releaseAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, inputDyingAt input: UInt) {
+/// Its input is dying pending (at `input`, in its deinit): clears the slot's unowned link
+/// to it before its memory goes. The slot then fires with the input's broken outcome.
+func clearAggregatorSlotInput(_ node: UnsafeMutablePointer<pc_node>, inputDyingAt input: UInt) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
     UnownedLink.clear(inputWord(slot), ifPointingAt: input)
-    Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped).release()
 }
 
 extension AnyPromise {

@@ -100,12 +100,16 @@ public class AnyPromise: @unchecked Sendable {
     /// property itself would first copy the existential out (for a queue, a retain and
     /// a release), where moving it out copies nothing.
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
-        let target = withUnsafeMutablePointer(to: &context) { slot in
+        takeContext().execute(work)
+    }
+
+    /// Moves the context out, leaving `.immediate` in its place.
+    final func takeContext() -> any ExecutionContext {
+        withUnsafeMutablePointer(to: &context) { slot in
             let taken = slot.move()
             slot.initialize(to: .immediate)
             return taken
         }
-        target.execute(work)
     }
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
     /// Set (and read) by the thread firing this child when it sent the handler's error side
@@ -218,6 +222,13 @@ public class AnyPromise: @unchecked Sendable {
         failure = error
         publishClaimedOutcome()
         return true
+    }
+
+    /// A promise of the same type as this one, already rejected with
+    /// `PromiseError.brokenPromise`: what the observers of a promise that dies pending
+    /// fire on (`breakObservers`). Overridden by `Promise<Value>`, the only subclass.
+    func makeBrokenStandIn() -> AnyPromise {
+        preconditionFailure("AnyPromise is abstract")
     }
 
     /// Copies the published outcome of `source` (same `Value`) into this promise's slots.

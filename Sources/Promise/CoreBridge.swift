@@ -346,11 +346,13 @@ func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) 
 }
 
 extension AnyPromise {
-    /// Releases what a dying promise owns without recursing: observers of a promise that
-    /// never settled, and a settled parent it still held for a handler that never ran. A promise that only we still hold would
-    /// release its own links from inside its deinit, one level deeper each time (a
-    /// million-step chain would overflow the stack), so its links are stolen into this
-    /// loop first and it dies with nothing left to release.
+    /// Releases what a dying promise owns without recursing, and answers the observers of
+    /// a promise that dies pending: they receive `PromiseError.brokenPromise`
+    /// (`breakObservers`) instead of waiting for ever. A settled parent that a child still
+    /// held for a handler that never ran is released in a loop: a promise that only we
+    /// still hold would release its own parent from inside its deinit, one level deeper
+    /// each time (a million-step chain would overflow the stack), so its links are stolen
+    /// into this loop first and it dies with nothing left to release.
     final func releaseOwnedLinksIteratively() {
         var work: UnsafeMutablePointer<pc_node>? = nil  // dying promises, linked by their free nodes
 
@@ -369,30 +371,8 @@ extension AnyPromise {
         }
 
         func stealLinks(of promise: AnyPromise) {
-            let dying = UnownedLink.address(of: promise)
-            var observer = pc_detach(promise.corePointer)
-            while let node = observer {
-                observer = node.pointee.next
-                if nodeFires(node, through: promiseNodeFire) {
-                    // A child never fired, or a follower: its unowned links to `promise`
-                    // must go before `promise`'s memory does (see `UnownedLink`).
-                    let owner = AnyPromise.owner(ofNode: node)
-                    owner.takeUnretainedValue().observedPromiseIsDying(at: dying)
-                    release(owner)
-                } else if nodeFires(node, through: aggregatorSlotFire) {
-                    releaseAggregatorSlot(node, inputDyingAt: dying)
-                } else if nodeFires(node, through: firstObserverFireImmediate) || nodeFires(node, through: firstObserverFire) {
-                    continue  // the promise's own slot, no retain: its observer dies with it
-                } else if nodeFires(node, through: waiterFire) {
-                    CoreLayout.owner(ofFirstField: node, as: WaiterBase.self).release()
-                } else {
-                    var box = CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)
-                        .takeRetainedValue()
-                    if isKnownUniquelyReferenced(&box), let owned = box.detachOwnedPromise() {
-                        release(owned)  // the box dies below with nothing left to release
-                    }
-                }
-            }
+            // Only `self` can be pending here: the loop below steals settled parents.
+            if let observers = pc_detach(promise.corePointer) { promise.breakObservers(observers) }
             if let parent = promise.settledParentRetain {
                 promise.settledParentRetain = nil
                 release(parent)  // its link up holds the memory: `parent` answers nil once it died
@@ -405,6 +385,48 @@ extension AnyPromise {
             let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
             stealLinks(of: promise)
             // `promise` dies here, with nothing left to release.
+        }
+    }
+
+    /// This promise is dying pending, and `detached` (newest first) are the observers still
+    /// registered on it: hands each, in registration order, to a stand-in promise of the
+    /// same type, already rejected with `PromiseError.brokenPromise`, on which it fires at
+    /// once as on any settled promise. So a child runs its error side (`recover` can still
+    /// turn the error into a value) and ends rejected, a `whenComplete` or an `await` gets
+    /// the failure, a combinator counts a rejected input, a follower is rejected; `onCancel`
+    /// handlers do not run (freeing is not cancelling). Observers on a context fire on it,
+    /// the others on this thread, through the core's trampoline (no recursion).
+    ///
+    /// No registration can race with this: registering needs a reference to the promise,
+    /// and this runs once the last one is gone. A registration made before that is in the
+    /// list, since the last release happens after it on whatever thread made it.
+    final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
+        let dying = UnownedLink.address(of: self)
+        var ordered: UnsafeMutablePointer<pc_node>? = nil
+        var node: UnsafeMutablePointer<pc_node>? = detached
+        while let current = node {
+            node = current.pointee.next
+            current.pointee.next = ordered
+            ordered = current
+        }
+        let standIn = makeBrokenStandIn()
+        node = ordered
+        while let current = node {
+            node = current.pointee.next
+            if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFire) {
+                // Our own slot, whose memory goes with us: its observer moves to a box.
+                guard let observer = continuation.take() else { continue }
+                let context: (any ExecutionContext)? = nodeFires(current, through: firstObserverFire) ? takeContext() : nil
+                MovedSlotObserver(observer, context: context).register(on: standIn)
+                continue
+            }
+            // Links that point at us without holding our memory must go before it does.
+            if nodeFires(current, through: promiseNodeFire) {
+                AnyPromise.owner(ofNode: current).takeUnretainedValue().observedPromiseIsDying(at: dying)
+            } else if nodeFires(current, through: aggregatorSlotFire) {
+                clearAggregatorSlotInput(current, inputDyingAt: dying)
+            }
+            pc_observe(standIn.corePointer, current)  // the node's retain goes with it
         }
     }
 }

@@ -42,12 +42,6 @@ class ObserverBox: @unchecked Sendable {
     func run(_ source: AnyPromise) {
         preconditionFailure("ObserverBox is abstract")
     }
-
-    /// Hands over the promise this box keeps alive, if any, so that a dying chain of
-    /// boxes and promises is released by a loop instead of nested deinits.
-    func detachOwnedPromise() -> Unmanaged<AnyPromise>? {
-        nil
-    }
 }
 
 /// `whenComplete` on `.immediate`: hands the outcome to a closure.
@@ -108,28 +102,40 @@ final class CancelObserver: ObserverBox, @unchecked Sendable {
 
 /// `resolve(with:)`: settles `target` (claimed as following) as the source settled.
 final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
-    /// The follower, retained by hand so `detachOwnedPromise` can pass it on.
-    private var targetRetain: Unmanaged<Promise<Value>>?
+    /// The follower: the followed promise holds it through this box (a link down).
+    private let target: Promise<Value>
 
     init(target: Promise<Value>) {
-        self.targetRetain = Unmanaged.passRetained(target)
+        self.target = target
         super.init()
     }
 
-    deinit {
-        targetRetain?.release()
-    }
-
-    override func detachOwnedPromise() -> Unmanaged<AnyPromise>? {
-        defer { targetRetain = nil }
-        return targetRetain.map { Unmanaged<AnyPromise>.fromOpaque($0.toOpaque()) }
-    }
-
     override func run(_ source: AnyPromise) {
-        guard let target = targetRetain?.takeUnretainedValue() else { return }
         let tag = source.publishedTag
         guard target.claim(from: PC_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
         target.copyOutcome(from: source, tag: tag)
         target.publishClaimedOutcome()
+    }
+}
+
+/// The first observer of a root that died pending, moved out of the root's inline slot
+/// (whose memory goes with the root) so that it can fire on the broken stand-in
+/// (`AnyPromise.breakObservers`).
+final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
+    private var observer: Continuation?
+    private let context: (any ExecutionContext)?
+
+    init(_ observer: consuming Continuation, context: (any ExecutionContext)?) {
+        self.observer = consume observer
+        self.context = context
+        super.init(queued: context != nil)
+    }
+
+    override func sendToContext() {
+        context.unsafelyUnwrapped.execute { self.fire() }
+    }
+
+    override func run(_ source: AnyPromise) {
+        observer.take()?.run(source, source)
     }
 }

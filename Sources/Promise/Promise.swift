@@ -197,6 +197,10 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         return tag == UInt(PC_PENDING) ? nil : result(published: tag)
     }
 
+    override func makeBrokenStandIn() -> AnyPromise {
+        Promise(error: PromiseError.brokenPromise)
+    }
+
     override func copyOutcome(from source: AnyPromise, tag: UInt) {
         let source = unsafeDowncast(source, to: Promise<Value>.self)
         if tag == UInt(PC_FULFILLED) {

@@ -36,6 +36,7 @@ enum ErrorTag: Equatable, Sendable, CustomStringConvertible {
     case timedOut
     case allRejected([ErrorTag])
     case cancellation
+    case brokenPromise
     case other(String)
 
     init(_ error: any Error) {
@@ -45,6 +46,7 @@ enum ErrorTag: Equatable, Sendable, CustomStringConvertible {
         case PromiseError.timedOut: self = .timedOut
         case PromiseError.allRejected(let errors): self = .allRejected(errors.map(ErrorTag.init))
         case is CancellationError: self = .cancellation
+        case PromiseError.brokenPromise: self = .brokenPromise
         default: self = .other(String(describing: error))
         }
     }
@@ -56,6 +58,7 @@ enum ErrorTag: Equatable, Sendable, CustomStringConvertible {
         case .timedOut: return "timedOut"
         case .allRejected(let tags): return "allRejected(\(tags))"
         case .cancellation: return "CancellationError"
+        case .brokenPromise: return "brokenPromise"
         case .other(let text): return text
         }
     }

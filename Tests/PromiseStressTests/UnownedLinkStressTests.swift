@@ -52,22 +52,25 @@ final class UnownedLinkStressTests: XCTestCase {
     /// A chain top -> middle -> leaf built on a pending top; seat 0 drops the only
     /// references to top and middle while seats 1 and 2 read `leaf.parent` and
     /// `leaf.root` (and, in one round of three, seat 2 cancels `leaf.root`, which may
-    /// settle the ancestors it reaches instead).
+    /// settle the ancestors it reaches instead). The top dies pending, which breaks the
+    /// chain under it: the leaf ends rejected with `brokenPromise`, unless a cancel got
+    /// there first.
     func testNavigationRacesThePendingAncestorsDeath() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
         let reads = Atomic<Int>(0), readsOfALiveParent = Atomic<Int>(0), wrong = Atomic<Int>(0)
         let deathsSeenByAReader = Atomic<Int>(0)
-        var orphanedRounds = 0, cancelledRounds = 0
+        var brokenRounds = 0, cancelledRounds = 0
 
         runStressRounds("navigation racing a pending ancestor's death", invariants: [
             "leaf.parent is the middle promise or nil, leaf.root is top, middle or leaf",
-            "a pending leaf ends with no parent and is its own root; a cancelled one keeps a settled middle or none",
+            "a leaf ends cancelled (the cancel came first) or rejected with brokenPromise (the top's death did)",
+            "a broken leaf reaches no parent once its ancestors are gone, and is its own root",
             "every promise of the round is freed once dropped",
         ], details: {
             "\(reads.load(ordering: .relaxed)) reads, \(readsOfALiveParent.load(ordering: .relaxed)) found the parent alive; "
                 + "a reader saw the parent alive, then gone \(deathsSeenByAReader.load(ordering: .relaxed)) times; "
-                + "rounds ending orphaned \(orphanedRounds), with a cancel \(cancelledRounds)"
+                + "rounds ending broken \(brokenRounds), with a cancel \(cancelledRounds)"
         }) { checker in
             let round = checker.round
             let weak = WeakSet()
@@ -115,28 +118,40 @@ final class UnownedLinkStressTests: XCTestCase {
                         diedWhileReading = attempt > 0
                         break
                     }
-                    if !leaf.isPending { break }  // cancelled: it holds its settled parent for good
+                    if !leaf.isPending { break }  // settled: cancelled, or broken by the top's death
                     for _ in 0..<random.below(64) { _ = reads.load(ordering: .relaxed) }
                 }
                 if diedWhileReading { deathsSeenByAReader.add(1, ordering: .relaxed) }
             }
             checker.check(finished, "round hung")
             checker.check(wrong.load(ordering: .relaxed) == 0, "a read answered a promise that is not the target")
-            guard let leaf = leafHolder.take(0) else { return false }
-            if leaf.isPending {
-                orphanedRounds += 1
-                checker.check(leaf.parent == nil, "a pending leaf still reaches a parent after it was dropped")
-                checker.check(leaf.root === leaf, "a pending leaf's root is not itself")
-            } else {
+            guard let leaf = leafHolder.take(0) as? Promise<Int> else { return false }
+            // The leaf's handler runs on `.default`: wait for it (bounded).
+            checker.check((try? leaf.wait(timeout: .seconds(10))) == nil, "leaf fulfilled without a value above it")
+            switch Final(leaf) {
+            case .rejected(let tag):
+                brokenRounds += 1
+                checker.check(tag == .brokenPromise, "leaf rejected with \(tag), not brokenPromise")
+                // Its handler has run: the settled middle is gone with nothing holding it.
+                let deadline = Date(timeIntervalSinceNow: 5)
+                while leaf.parent != nil && Date() < deadline { usleep(100) }
+                checker.check(leaf.parent == nil, "a broken leaf still reaches a parent after it was dropped")
+                checker.check(leaf.root === leaf, "a broken leaf's root is not itself")
+            case .cancelled:
                 cancelledRounds += 1
-                checker.check(leaf.isCancelled, "leaf settled as \(leaf.state), not cancelled")
                 if let parent = leaf.parent {
                     checker.check(ObjectIdentifier(parent) == ids.middle && !parent.isPending,
                                   "a cancelled leaf reaches a parent that is not the settled middle")
                 }
+            case let other:
+                checker.check(false, "leaf ended \(other)")
             }
             _ = consume leaf
             leafHolder.drop()
+            // The block that ran the leaf's handler on `.default` may still be releasing
+            // it: poll briefly.
+            let deadline = Date(timeIntervalSinceNow: 5)
+            while weak.alive != 0 && Date() < deadline { usleep(100) }
             checker.check(weak.alive == 0, "\(weak.alive) promise(s) of the round still alive")
             return true
         }
@@ -218,19 +233,20 @@ final class UnownedLinkStressTests: XCTestCase {
     /// A child follows a promise its handler returned; seat 0 drops the only reference to
     /// that promise (it dies pending, unless another seat holds it), seat 1 cancels the
     /// child (which cancels the followed promise if it can still reach it), and in half the
-    /// rounds seat 2 fulfils the followed promise. The child ends fulfilled with its value
-    /// or cancelled, never pending unless nothing settled it; everything is freed.
+    /// rounds seat 2 fulfils the followed promise. The child ends fulfilled with its value,
+    /// cancelled, or rejected with `brokenPromise` when the followed promise died pending
+    /// first; everything is freed.
     func testFollowerCancelRacesTheFollowedPromisesDeath() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
-        var fulfilledRounds = 0, cancelledRounds = 0, followedCancelled = 0
+        var fulfilledRounds = 0, cancelledRounds = 0, brokenRounds = 0, followedCancelled = 0
 
         runStressRounds("follower cancel racing the followed promise's death", invariants: [
-            "the follower ends fulfilled with the followed value or cancelled with the canceller's reason",
+            "the follower ends fulfilled with the followed value, cancelled with the canceller's reason, or broken",
             "a followed promise that is cancelled carries that reason",
             "every promise of the round is freed once dropped",
         ], details: {
-            "followers fulfilled \(fulfilledRounds), cancelled \(cancelledRounds); followed promises "
+            "followers fulfilled \(fulfilledRounds), cancelled \(cancelledRounds), broken \(brokenRounds); followed promises "
                 + "cancelled through the follower \(followedCancelled)"
         }) { checker in
             let round = checker.round
@@ -270,12 +286,19 @@ final class UnownedLinkStressTests: XCTestCase {
             case .cancelled(let tag):
                 cancelledRounds += 1
                 checker.check(tag == .stress(round), "follower cancelled with \(tag)")
+            case .rejected(let tag):
+                brokenRounds += 1
+                checker.check(tag == .brokenPromise && !fulfils, "follower rejected with \(tag)")
             case let other:
                 checker.check(false, "follower ended \(other)")
             }
             if case .error(let tag)? = followedSaw.withLock({ $0 }) {
-                followedCancelled += 1
-                checker.check(tag == .stress(round), "the followed promise failed with \(tag)")
+                if tag == .brokenPromise {
+                    checker.check(!fulfils, "a followed promise that seat 2 held died pending")
+                } else {
+                    followedCancelled += 1
+                    checker.check(tag == .stress(round), "the followed promise failed with \(tag)")
+                }
             }
             _ = consume follower
             followerHolder.drop()
@@ -347,20 +370,22 @@ final class UnownedLinkStressTests: XCTestCase {
     /// An aggregate (`all`) holds its inputs through unowned links: seat 0 drops the only
     /// references to half of them (they die pending), seat 2 fulfils the other half, and
     /// seat 1 cancels the aggregate, which cancels the inputs it can still reach. The
-    /// aggregate ends cancelled, the fulfilled inputs fulfilled or cancelled with the
-    /// reason, and everything is freed.
+    /// aggregate ends cancelled, or rejected with `brokenPromise` when a dropped input died
+    /// before the cancel; the fulfilled inputs end fulfilled or cancelled with the reason,
+    /// and everything is freed.
     func testAggregateCancelRacesItsInputsDeaths() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
         let width = 8
-        var inputsCancelled = 0, inputsFulfilled = 0
+        var inputsCancelled = 0, inputsFulfilled = 0, aggregatesBroken = 0
 
         runStressRounds("aggregate cancel racing its inputs' deaths", invariants: [
-            "the aggregate ends cancelled with the canceller's reason",
+            "the aggregate ends cancelled with the canceller's reason, or broken by a dropped input",
             "a surviving input ends fulfilled with its value or cancelled with that reason",
             "everything of the round is freed",
         ], details: {
-            "surviving inputs fulfilled \(inputsFulfilled), cancelled through the aggregate \(inputsCancelled)"
+            "surviving inputs fulfilled \(inputsFulfilled), cancelled through the aggregate \(inputsCancelled); "
+                + "aggregates broken by a dropped input \(aggregatesBroken)"
         }) { checker in
             let round = checker.round
             let weak = WeakSet()
@@ -387,8 +412,10 @@ final class UnownedLinkStressTests: XCTestCase {
             }
             checker.check(finished, "round hung")
             if let output = outputHolder.take(0) as? Promise<[Int]> {
-                checker.check(Final(output, { $0.count }) == .cancelled(.stress(round)),
-                              "aggregate ended \(Final(output, { $0.count }))")
+                let final = Final(output, { $0.count })
+                if final == .rejected(.brokenPromise) { aggregatesBroken += 1 }
+                checker.check(final == .cancelled(.stress(round)) || final == .rejected(.brokenPromise),
+                              "aggregate ended \(final)")
             }
             for index in 0..<(width / 2) {
                 guard let input = survivors.take(index) as? Promise<Int> else { return false }

@@ -52,24 +52,31 @@ final class MemoryTests: XCTestCase {
                       "root \(weakRoot != nil), leaf \(weakLeaf != nil), inner \(weakInner != nil)")
     }
 
-    func testDroppedPendingChainIsFreed() {
+    /// Dropping a pending root breaks what waits on it (its children end rejected with
+    /// `brokenPromise`, on their contexts), and then all of it is freed.
+    func testDroppedPendingChainIsBrokenThenFreed() {
         weak var weakRoot: Promise<Int>?
         weak var weakChild: Promise<Int>?
         weak var weakGrandchild: Promise<String>?
+        let seen = Recorder<String>()
         do {
             let root = Promise<Int>()
             let child = root.then { $0 + 1 }
             let grandchild = child.map { "\($0)" }
+            grandchild.whenComplete { seen.append("\($0)") }
             weakRoot = root; weakChild = child; weakGrandchild = grandchild
         }
         XCTAssertNil(weakRoot)
-        XCTAssertNil(weakChild)
-        XCTAssertNil(weakGrandchild)
+        XCTAssertTrue(eventually { weakChild == nil && weakGrandchild == nil },
+                      "child \(weakChild != nil), grandchild \(weakGrandchild != nil)")
+        XCTAssertTrue(eventually { !seen.values.isEmpty })
+        XCTAssertEqual(seen.values, ["failure(\(PromiseError.brokenPromise))"])
     }
 
     /// A pending tree with every kind of observer on it (children of every form,
     /// whenComplete, onCancel, a timed-out wait, a promise a child follows, a resolve(with:)
-    /// follower) is freed as soon as the user lets go: nothing forms a cycle.
+    /// follower) is freed once the user lets go and the broken root's observers have run
+    /// (on their contexts): nothing forms a cycle.
     func testDroppedPendingTreeWithEveryObserverKindIsFreed() {
         var weakRefs: [() -> AnyPromise?] = []
         func track(_ p: AnyPromise) {
@@ -96,23 +103,33 @@ final class MemoryTests: XCTestCase {
             track(root)
         }
         for (i, ref) in weakRefs.enumerated() {
-            XCTAssertNil(ref(), "promise \(i) is still alive")
+            XCTAssertTrue(eventually { ref() == nil }, "promise \(i) is still alive")
         }
     }
 
-    func testPendingChildKeptByUserOutlivesItsDroppedPendingParent() {
+    func testChildKeptByUserOfADroppedPendingParentEndsBroken() {
         weak var weakParent: Promise<Int>?
-        var child: Promise<Int>?
+        let child: Promise<Int>
         do {
             let parent = Promise<Int>()
             weakParent = parent
             child = parent.then { $0 }
         }
         XCTAssertNil(weakParent, "a pending child kept its pending parent alive")
-        XCTAssertNotNil(child)
-        XCTAssertNil(child?.parent)
-        XCTAssertTrue(child?.isPending ?? false)
-        child = nil
+        XCTAssertNil(child.parent)
+        guard case PromiseError.brokenPromise? = error(child) else { return XCTFail("\(child.state)") }
+        XCTAssertTrue(child.isRejected, "a broken child is rejected, not cancelled")
+    }
+
+    func testRecoverTurnsABrokenParentIntoAValue() {
+        let recovered: Promise<Int>
+        do {
+            recovered = Promise<Int>().recover(on: .immediate) { error in
+                if case PromiseError.brokenPromise = error { return -1 }
+                throw error
+            }
+        }
+        XCTAssertEqual(value(recovered), -1)
     }
 
     // MARK: Handlers are released once done with
@@ -187,25 +204,25 @@ final class MemoryTests: XCTestCase {
         XCTAssertEqual(children.map { value($0) }, [7, 7])
     }
 
-    func testHandlersOfADroppedPendingTreeAreReleased() {
+    /// The handlers of a dropped pending tree run their error side (or are skipped) with
+    /// `brokenPromise`, and are released then, also when a child is kept.
+    func testHandlersOfADroppedPendingTreeAreReleasedOnceBroken() {
         weak var weakToken: Token?
-        var kept: AnyPromise?
+        let kept: AnyPromise
         do {
             let token = Token()
             weakToken = token
             let parent = Promise<Int>()
             kept = childrenOfEveryForm(of: parent, on: .default, capturing: token)[0]
         }
-        XCTAssertNotNil(weakToken, "the kept pending child's handler was released early")
-        kept = nil
-        XCTAssertNil(weakToken)
-        XCTAssertNil(kept)
+        XCTAssertTrue(eventually { weakToken == nil }, "a broken child's handler was not released")
+        XCTAssertTrue(eventually { kept.isRejected })
     }
 
     /// A pending parent dies while its child, and the child's child, live: every link up
-    /// to it answers nil from then on (the dying parent cleared them), `root` stops at the
-    /// orphan, and the orphans still work (they stay pending and can be cancelled).
-    func testPendingParentDroppedWhileDescendantsLiveLeavesThemRootedAtTheOrphan() {
+    /// to it answers nil from then on, `root` stops at the orphan, and the orphans end
+    /// broken instead of waiting for ever.
+    func testPendingParentDroppedWhileDescendantsLiveBreaksThem() {
         weak var weakParent: Promise<Int>?
         var child: Promise<Int>?
         var grandchild: Promise<String>?
@@ -222,15 +239,16 @@ final class MemoryTests: XCTestCase {
         XCTAssertTrue(child.root === child)
         XCTAssertTrue(grandchild.parent === child)
         XCTAssertTrue(grandchild.root === child)
-        XCTAssertEqual(child.state, .pending)
+        XCTAssertEqual(child.state, .rejected, "an .immediate child breaks as its parent dies")
+        guard case PromiseError.brokenPromise? = error(grandchild) else { return XCTFail("\(grandchild.state)") }
         child.cancel(reason: TestError(7))
-        assertCancelled(grandchild, reason: 7)
+        XCTAssertEqual(grandchild.state, .rejected, "a later cancel does not change a settled child")
     }
 
     /// The promise a handler returned dies pending while the child that follows it lives
-    /// (nothing else holds it): cancelling the child afterwards finds no followed promise
-    /// to cancel, and does not touch the freed one.
-    func testFollowedPromiseDroppedPendingThenFollowerCancelled() {
+    /// (nothing else holds it): the follower ends broken, and a cancel afterwards does not
+    /// touch the freed promise.
+    func testFollowedPromiseDroppedPendingBreaksItsFollower() {
         final class WeakBox: @unchecked Sendable { weak var promise: AnyPromise? }
         let followedRef = WeakBox()
         let parent = Promise<Int>()
@@ -241,9 +259,15 @@ final class MemoryTests: XCTestCase {
         }
         parent.fulfill(1)
         XCTAssertNil(followedRef.promise, "the follower kept the promise it follows alive")
-        XCTAssertEqual(follower.state, .pending)
+        guard case PromiseError.brokenPromise? = error(follower) else { return XCTFail("\(follower.state)") }
         follower.cancel(reason: TestError(8))
-        assertCancelled(follower, reason: 8)
+        XCTAssertEqual(follower.state, .rejected)
+    }
+
+    func testResolveWithADroppedPendingPromiseBreaksTheFollower() {
+        let follower = Promise<Int>()
+        do { follower.resolve(with: Promise<Int>()) }
+        guard case PromiseError.brokenPromise? = error(follower) else { return XCTFail("\(follower.state)") }
     }
 
     /// Cancelling a follower cancels the promise it follows while that one is alive (the
@@ -281,19 +305,23 @@ final class MemoryTests: XCTestCase {
     }
 
     /// An aggregate holds its inputs without keeping them: an input dropped while pending
-    /// is freed, and cancelling the aggregate afterwards cancels the inputs still alive.
-    func testAggregateInputDroppedPendingThenAggregateCancelled() {
+    /// is freed, and counts as rejected with `brokenPromise`; the other inputs are left
+    /// alone, and a later cancel of the aggregate still cancels them.
+    func testAggregateInputDroppedPendingCountsAsBroken() {
         weak var weakDropped: Promise<Int>?
         let kept = Promise<Int>()
-        let all: Promise<[Int]>
+        let all: Promise<[Int]>, any: Promise<Int>
         do {
             let dropped = Promise<Int>()
             weakDropped = dropped
             all = Promise.all([kept, dropped])
+            any = Promise.any([kept, dropped])
         }
         XCTAssertNil(weakDropped, "the aggregate kept a pending input alive")
-        all.cancel(reason: TestError(6))
-        assertCancelled(all, reason: 6)
+        guard case PromiseError.brokenPromise? = error(all) else { return XCTFail("\(all.state)") }
+        XCTAssertTrue(kept.isPending)
+        XCTAssertTrue(any.isPending, "any still waits for its live input")
+        any.cancel(reason: TestError(6))
         assertCancelled(kept, reason: 6)
     }
 
@@ -351,7 +379,9 @@ final class MemoryTests: XCTestCase {
             }
             let top = Promise<Int>()
             let middle = top.then(on: .immediate) { $0 + 1 }
-            let leaf = middle.then { $0 + 1 }
+            // `.immediate`: broken on the thread where the top dies, so the readers do not
+            // hold the pool's threads while the leaf waits for one.
+            let leaf = middle.then(on: .immediate) { $0 + 1 }
             let topID = ObjectIdentifier(top), middleID = ObjectIdentifier(middle), leafID = ObjectIdentifier(leaf)
             weak let weakTop = top
             weak let weakMiddle = middle
@@ -371,7 +401,9 @@ final class MemoryTests: XCTestCase {
                         if let parent, ObjectIdentifier(parent) != middleID { wrongAnswers.increment() }
                         let rootID = ObjectIdentifier(root)
                         if rootID != topID && rootID != middleID && rootID != leafID { wrongAnswers.increment() }
-                        if parent == nil { break }
+                        // Settled: broken by the top's death, its handler about to let
+                        // the middle go.
+                        if parent == nil || !leaf.isPending { break }
                     }
                 }
             }
@@ -380,7 +412,8 @@ final class MemoryTests: XCTestCase {
             holder.promises = []  // the last references: the ancestors die here or in a reader
             XCTAssertEqual(group.wait(timeout: .now() + testTimeoutSeconds), .success)
             XCTAssertEqual(wrongAnswers.value, 0, "round \(round): a read answered another promise")
-            XCTAssertNil(leaf.parent, "round \(round)")
+            settle(leaf)  // broken: the top died pending
+            XCTAssertTrue(eventually { leaf.parent == nil && weakMiddle == nil }, "round \(round)")
             XCTAssertTrue(leaf.root === leaf, "round \(round)")
             XCTAssertNil(weakTop, "round \(round): the top leaked")
             XCTAssertNil(weakMiddle, "round \(round): the middle leaked")
@@ -388,9 +421,9 @@ final class MemoryTests: XCTestCase {
         }
     }
 
-    func testAPendingRootDroppedWithObserversReleasesThemUnrunAndIsFreed() {
+    func testAPendingRootDroppedWithObserversBreaksThemInOrderAndIsFreed() {
         // The first observer lives in the root itself (no retain of it: a promise must
-        // not keep itself alive), the second in a box.
+        // not keep itself alive), the second in a box; onCancel must not run.
         weak var weakRoot: Promise<Int>?
         weak var weakFirst: Token?
         weak var weakSecond: Token?
@@ -401,13 +434,31 @@ final class MemoryTests: XCTestCase {
             weakRoot = root
             weakFirst = first
             weakSecond = second
-            root.whenComplete(on: .immediate) { _ in ran.append(first.use(1)) }
-            root.whenComplete(on: .immediate) { _ in ran.append(second.use(2)) }
+            root.whenComplete(on: .immediate) { result in
+                if case .failure(PromiseError.brokenPromise) = result { ran.append(first.use(1)) }
+            }
+            root.onCancel { ran.append(0) }
+            root.whenComplete(on: .immediate) { result in
+                if case .failure(PromiseError.brokenPromise) = result { ran.append(second.use(2)) }
+            }
         }
         XCTAssertNil(weakRoot, "a pending root with observers must be freed when dropped")
         XCTAssertNil(weakFirst, "the first observer (kept in the root) was not released")
         XCTAssertNil(weakSecond, "the second observer (in a box) was not released")
-        XCTAssertEqual(ran.values, [], "freeing is not settling: no observer may run")
+        XCTAssertEqual(ran.values, [1, 2], "the observers of a dropped promise get brokenPromise, in order; onCancel never")
+    }
+
+    func testAPendingRootDroppedWithAQueuedFirstObserverBreaksItOnItsQueue() {
+        let queue = DispatchQueue(label: "PromiseTests.broken")
+        let seen = Recorder<Bool>()
+        do {
+            Promise<Int>().whenComplete(on: queue) { result in
+                dispatchPrecondition(condition: .onQueue(queue))
+                if case .failure(PromiseError.brokenPromise) = result { seen.append(true) }
+            }
+        }
+        queue.sync {}
+        XCTAssertEqual(seen.values, [true])
     }
 
     /// Holds the only reference to a promise until a test takes it out.
