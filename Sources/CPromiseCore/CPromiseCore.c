@@ -300,6 +300,11 @@ bool pc_once(uintptr_t *flag) {
     return AO_compare_and_swap_full(PC_WORD(flag), (AO_t)0, (AO_t)1) != 0;
 }
 
+void pc_fence(void) {
+    /* full (StoreLoad included): see the header. */
+    AO_nop_full();
+}
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 static volatile AO_t pc_forwarding_word;

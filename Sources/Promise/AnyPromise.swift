@@ -156,6 +156,7 @@ public class AnyPromise: @unchecked Sendable {
         if settledParentRetain != nil || isPending { releaseOwnedLinksIteratively() }
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
+        if let followeeAddress { HeldMemory.release(followeeAddress) }
     }
 
     // MARK: State
@@ -243,25 +244,20 @@ public class AnyPromise: @unchecked Sendable {
     /// promise's continuation, once it ran (the only caller, `settleFollowing`), which
     /// passes the parent it holds.
     ///
-    /// The followed promise is work this promise owns (a cancel reaches it), held through
-    /// `followeeWord`, an unowned link (see `UnownedLink`): `source` holds us in its
-    /// observer list until it settles. Only the canceller that wins the claim from
-    /// FOLLOWING to CANCELLED reads it, and the word is cleared (or dropped) before
-    /// `source` can go unguarded: by `source`'s deinit if it dies pending with our node
-    /// registered, by the fire callback when it settles, here when the claim fails.
+    /// The followed promise is work this promise owns (a cancel reaches it), linked
+    /// through `followeeWord` (see `FolloweeLink`). A promise that would follow itself,
+    /// directly or through a chain that leads back to it, is rejected with
+    /// `PromiseError.cycle` instead (see `wouldWaitOnItself` for the cost).
     @usableFromInline
     final func follow(_ source: AnyPromise, parent: AnyPromise) {
-        let address = UnownedLink.address(of: source)
-        // Stored before the claim, whose CAS publishes it to a canceller that takes over
-        // from FOLLOWING (and reads it after its own CAS). A plain atomic store: the word
-        // is 0 (a continuation runs once, so a promise follows once), and no reader locks
-        // a 0 word.
-        pc_word_store(followeeWord, address)
         guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
-            // Claimed first by someone else: nothing keeps `source` alive for the word once
-            // we return, and a canceller that took over from resolve(with:)'s FOLLOWING may
-            // be reading it. Our caller holds `source`, so clearing now is in time.
-            UnownedLink.clear(followeeWord, ifPointingAt: address)
+            // Settled first by someone else: a canceller's reason reaches the work too.
+            if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
+            return
+        }
+        recordFollowee(source, forwardsCancel: true)
+        if wouldWaitOnItself(following: source) {
+            rejectAsCycle(parent: parent)
             if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
             return
         }
@@ -286,13 +282,6 @@ public class AnyPromise: @unchecked Sendable {
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
             cancel(reason: reason)
         }
-    }
-
-    /// `source`, on which this promise's node is still registered, is dying pending (its
-    /// deinit detached the node): clear the link to it if it is our followee, before its
-    /// memory goes. (The link to a parent holds the parent's memory: nothing to clear.)
-    final func observedPromiseIsDying(at address: UInt) {
-        UnownedLink.clear(followeeWord, ifPointingAt: address)
     }
 
     // MARK: Firing (called from CoreBridge's fire callbacks)
@@ -335,9 +324,6 @@ public class AnyPromise: @unchecked Sendable {
         case .following:
             let tag = source.publishedTag
             if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
-                // Only the canceller that wins FOLLOWING -> CANCELLED reads the followee
-                // link, and now none can: drop it without the lock, before `source` may go.
-                pc_word_store(followeeWord, 0)
                 // The parent if it is still alive: the handler that made us follow is done
                 // and dropped its hold (a dead parent has nothing to pass down any more).
                 if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors(parent: parentIfAlive) {
@@ -347,10 +333,7 @@ public class AnyPromise: @unchecked Sendable {
                 }
                 deferOnThisThread()  // publishes right after the current firing
             } else {
-                // Cancelled while following: that canceller may be reading the followee
-                // link; clear it under the lock while `source` (firing) is surely alive.
-                UnownedLink.clear(followeeWord, ifPointingAt: UnownedLink.address(of: source))
-                retained.release()  // nothing to adopt
+                retained.release()  // cancelled while following: nothing to adopt
             }
         case .idle:
             preconditionFailure("CPromiseCore fired an idle node")

@@ -110,7 +110,8 @@ extension AnyPromise {
             .assumingMemoryBound(to: UInt.self)
     }
 
-    /// The locked word holding the followed promise (see `UnownedLink`).
+    /// The word holding the followed promise's address, whose memory this promise holds
+    /// (see `followeeIfAlive`), with `FolloweeLink.forwardsCancel` in bit 1.
     final var followeeWord: UnsafeMutablePointer<UInt> {
         (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.followee)!)
             .assumingMemoryBound(to: UInt.self)
@@ -194,6 +195,100 @@ enum HeldMemory {
     /// Drops a hold; the last one frees the memory of a promise that has died.
     static func release(_ address: UnsafeMutableRawPointer) {
         swift_unownedRelease(address)
+    }
+}
+
+/// The link from a promise to the one it follows (`resolve(with:)`, or a handler that
+/// returned a promise): it holds the followee's memory, not the followee (a followee holds
+/// its followers in its observer list: a strong link back would be a cycle), from the
+/// moment the follower locks in until the follower dies. So it never dangles: reading it
+/// tries the followee (`swift_tryRetain`) without a lock, and a follower that outlives its
+/// followee keeps only the followee's bare object.
+///
+/// Written once, by the thread that won the claim to FOLLOWING, after that claim; read by
+/// a canceller that took the claim over from FOLLOWING (to forward its cancel, when the
+/// followee is work the follower owns) and by cycle detection (`wouldWaitOnItself`).
+enum FolloweeLink {
+    /// Bit 1 of the word: a cancel of the follower reaches the followee (a handler's
+    /// returned promise, which the child owns; not a `resolve(with:)` argument).
+    static let forwardsCancel: UInt = 2
+    static let addressMask: UInt = ~UInt(7)
+}
+
+extension AnyPromise {
+    /// Records `source` as the promise this one follows, holding its memory, then fences:
+    /// only for the thread whose claim to FOLLOWING won, once, right after it.
+    final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
+        let address = HeldMemory.hold(Unmanaged.passUnretained(source))
+        // Release: a canceller or a cycle check that reads the word sees `source`'s address
+        // only once its hold is in place.
+        pc_word_store(followeeWord, address | (forwardsCancel ? FolloweeLink.forwardsCancel : 0))
+        // StoreLoad: our link is visible before we read the links of the chain we would
+        // follow (`wouldWaitOnItself`); pairs with the same fence of a promise that starts
+        // following us at the same time.
+        pc_fence()
+    }
+
+    /// The followed promise's address (its memory held by us), or nil if we never followed.
+    final var followeeAddress: UnsafeMutableRawPointer? {
+        UnsafeMutableRawPointer(bitPattern: pc_word_load(followeeWord) & FolloweeLink.addressMask)
+    }
+
+    /// The followed promise if it is still alive and a cancel of ours should reach it.
+    final var followeeToCancel: AnyPromise? {
+        let word = pc_word_load(followeeWord)
+        guard word & FolloweeLink.forwardsCancel != 0,
+              let address = UnsafeMutableRawPointer(bitPattern: word & FolloweeLink.addressMask) else { return nil }
+        return HeldMemory.promiseIfAlive(at: address)
+    }
+
+    /// Whether following `source` would make this promise wait on itself: `source` is this
+    /// promise, or waits for it through a chain of waits of any length. A pending promise
+    /// waits for the promise it follows (locked in), and a pending child for its pending
+    /// parent (its handler has not run). Called by a promise that just locked in and
+    /// recorded its followee (`recordFollowee`), before it registers on `source`.
+    ///
+    /// Cost: when `source` is settled, or pending with no parent and following nothing
+    /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
+    /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
+    /// on, which ends at its first settled or parentless promise. No lock and no
+    /// allocation. A follow chain built tail-first pays its length at each link.
+    ///
+    /// Races: two promises locking in to follow each other at the same time each record
+    /// their link, fence, then read the other's; at least one of them sees the other's
+    /// link (the fences are ordered one way or the other), so a cycle can never close
+    /// unseen. Both may see it: both are then rejected, as they would be anyway.
+    final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
+        if source === self { return true }
+        let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        var current = source
+        while true {
+            let next: UnsafeMutableRawPointer
+            if current.claimHint == UInt(PC_FOLLOWING), let followee = current.followeeAddress {
+                next = followee
+            } else if let parent = current.parentAddress, current.isPending {
+                next = parent  // a child waits on its parent while it is pending
+            } else {
+                return false
+            }
+            if next == me { return true }
+            // Alive, or the chain ends here: nobody waits on a dead promise any more.
+            guard let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending else { return false }
+            current = alive
+        }
+    }
+
+    /// Rejects this promise, claimed as FOLLOWING by this thread, with
+    /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
+    /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
+    final func rejectAsCycle(parent: AnyPromise?) {
+        guard claim(from: PC_FOLLOWING, to: PC_REJECTED) else { return }
+        if let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
+        } else {
+            failure = PromiseError.cycle
+        }
+        publishClaimedOutcome()
     }
 }
 
@@ -420,10 +515,8 @@ extension AnyPromise {
                 MovedSlotObserver(observer, context: context).register(on: standIn)
                 continue
             }
-            // Links that point at us without holding our memory must go before it does.
-            if nodeFires(current, through: promiseNodeFire) {
-                AnyPromise.owner(ofNode: current).takeUnretainedValue().observedPromiseIsDying(at: dying)
-            } else if nodeFires(current, through: aggregatorSlotFire) {
+            // A link that points at us without holding our memory must go before it does.
+            if nodeFires(current, through: aggregatorSlotFire) {
                 clearAggregatorSlotInput(current, inputDyingAt: dying)
             }
             pc_observe(standIn.corePointer, current)  // the node's retain goes with it

@@ -47,8 +47,9 @@ extension AnyPromise {
     private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
         let wasFollowing = claimHint == UInt(PC_FOLLOWING)
         if settleFailure(reason, as: PC_CANCELLED) {
-            // Winning FOLLOWING -> CANCELLED makes us the one reader of the followee link.
-            if wasFollowing, let followee = UnownedLink.load(followeeWord) { work.append(followee) }
+            // The promise a handler returned is work we own: the cancel reaches it. (Its
+            // link may not be recorded yet: `follow` then forwards the cancel itself.)
+            if wasFollowing, let followee = followeeToCancel { work.append(followee) }
         } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already

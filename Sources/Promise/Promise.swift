@@ -132,10 +132,26 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// Makes this promise follow `other`: it settles as `other` does (fulfilled,
     /// rejected or cancelled). From this call on the promise is locked in: later
-    /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works.
-    /// Ignored if the promise was settled already.
+    /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works (and
+    /// leaves `other` alone). Ignored if the promise was settled already.
+    ///
+    /// A promise never waits on itself: `p.resolve(with: p)`, or closing a cycle of
+    /// promises that follow each other (`a.resolve(with: b); b.resolve(with: a)`), rejects
+    /// it with `PromiseError.cycle` (Promises/A+ 2.3.1), and with it every promise of the
+    /// cycle, which follow it.
+    ///
+    /// ```swift
+    /// let a = Promise<Int>(), b = Promise<Int>()
+    /// a.resolve(with: b)
+    /// b.resolve(with: a)      // b and a reject with PromiseError.cycle
+    /// ```
     public func resolve(with other: Promise<Value>) {
         guard claim(from: PC_FREE, to: PC_FOLLOWING) else { return }
+        recordFollowee(other, forwardsCancel: false)
+        if wouldWaitOnItself(following: other) {
+            rejectAsCycle(parent: nil)
+            return
+        }
         // A box, not our own node: a continuation child's node may still be registered
         // on its parent.
         FollowObserver(target: self).register(on: other)

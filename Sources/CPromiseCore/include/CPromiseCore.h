@@ -53,6 +53,7 @@
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_forwarding_* any thread                       wait-free (one load or fetch-and-add)
  *   pc_once         any thread                       wait-free (one CAS)
+ *   pc_fence        any thread                       wait-free (one fence)
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
@@ -129,10 +130,12 @@ struct pc_promise {
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
-    uintptr_t parent;     /* atomic, never touched here: the overlay's unretained link to
-                             the promise this one was derived from, a locked word (below) */
-    uintptr_t followee;   /* atomic, never touched here: likewise, to the promise this one
-                             follows */
+    uintptr_t parent;     /* never touched here: the overlay's link to the promise this one
+                             was derived from, whose memory (not the promise) it holds;
+                             written once, before the promise is shared */
+    uintptr_t followee;   /* atomic, never touched here: the overlay's link to the promise
+                             this one follows, whose memory it holds; bit 1 says whether a
+                             cancel is forwarded to it */
     pc_node first_observer; /* a node for the overlay's first `whenComplete` on a root, so
                                that observer needs no allocation (NIO's CallbackList keeps
                                its first callback inline too); its user is elected with
@@ -266,6 +269,14 @@ uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
  * later acquires it through pc_count_down.
  */
 bool pc_once(uintptr_t *_Nonnull flag);
+
+/*
+ * A full memory fence (StoreLoad included). Cycle detection's Dekker pairing: a promise
+ * that starts following another stores its followee link, fences, then reads the links
+ * of the promises it would follow; of two promises linking to each other at once, at
+ * least one sees the other's link, so no cycle closes unseen.
+ */
+void pc_fence(void);
 
 /*
  * The state of one `await` on a promise: an observer node plus an election (`decided`,

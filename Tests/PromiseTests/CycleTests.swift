@@ -1,0 +1,119 @@
+// A promise never waits on itself: every way of closing a cycle of waits rejects the
+// promises of the cycle with PromiseError.cycle instead of leaving them pending for ever
+// (Promises/A+ 2.3.1).
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+/// A slot a handler reads once the promise it needs exists.
+private final class Slot<T>: @unchecked Sendable {
+    var value: T?
+}
+
+final class CycleTests: XCTestCase {
+    private func assertCycle<T>(_ promise: Promise<T>, file: StaticString = #filePath, line: UInt = #line) {
+        let e = error(promise, file: file, line: line)
+        guard case PromiseError.cycle? = e else {
+            return XCTFail("expected PromiseError.cycle, got \(String(describing: e))", file: file, line: line)
+        }
+        XCTAssertTrue(promise.isRejected, file: file, line: line)
+    }
+
+    func testResolveWithItselfRejects() {
+        let p = Promise<Int>()
+        p.resolve(with: p)
+        assertCycle(p)
+    }
+
+    func testTwoPromisesFollowingEachOtherBothReject() {
+        let a = Promise<Int>(), b = Promise<Int>()
+        a.resolve(with: b)
+        XCTAssertTrue(a.isPending)
+        b.resolve(with: a)
+        assertCycle(a)
+        assertCycle(b)
+    }
+
+    func testALongFollowCycleRejectsEveryPromiseOfIt() {
+        let chain = (0..<1_000).map { _ in Promise<Int>() }
+        for i in 0..<(chain.count - 1) { chain[i].resolve(with: chain[i + 1]) }
+        chain[chain.count - 1].resolve(with: chain[0])
+        for p in chain { assertCycle(p) }
+    }
+
+    func testAFollowChainThatDoesNotLoopStillSettles() {
+        let a = Promise<Int>(), b = Promise<Int>(), c = Promise<Int>()
+        a.resolve(with: b)
+        c.resolve(with: b)  // two followers of one promise: no cycle
+        b.fulfill(3)
+        XCTAssertEqual(value(a), 3)
+        XCTAssertEqual(value(c), 3)
+    }
+
+    func testHandlerReturningItsOwnChildRejectsIt() {
+        let parent = Promise<Int>()
+        let slot = Slot<Promise<Int>>()
+        let child = parent.flatMap(on: .immediate) { _ in slot.value! }
+        slot.value = child
+        parent.fulfill(1)
+        assertCycle(child)
+    }
+
+    func testHandlerOnAQueueReturningItsOwnChildRejectsIt() {
+        let parent = Promise(value: 1)
+        let slot = Slot<Promise<Int>>()
+        let started = DispatchSemaphore(value: 0)
+        let child = parent.flatMap(on: DispatchQueue(label: "cycle")) { _ -> Promise<Int> in
+            started.wait()
+            return slot.value!
+        }
+        slot.value = child
+        started.signal()
+        assertCycle(child)
+    }
+
+    func testHandlerReturningAChildOfItsChildRejects() {
+        let parent = Promise<Int>()
+        let slot = Slot<Promise<Int>>()
+        let child = parent.flatMap(on: .immediate) { _ in slot.value!.map(on: .immediate) { $0 + 1 } }
+        slot.value = child
+        parent.fulfill(1)
+        assertCycle(child)
+    }
+
+    func testHandlerReturningAPromiseThatFollowsItsChildRejectsBoth() {
+        let parent = Promise<Int>()
+        let slot = Slot<Promise<Int>>()
+        let back = Slot<Promise<Int>>()
+        let child = parent.flatMap(on: .immediate) { _ -> Promise<Int> in
+            let follower = Promise<Int>()
+            follower.resolve(with: slot.value!)
+            back.value = follower
+            return follower
+        }
+        slot.value = child
+        parent.fulfill(1)
+        assertCycle(child)
+        assertCycle(back.value!)
+    }
+
+    func testRecoverReturningItsOwnChildRejects() {
+        let parent = Promise<Int>()
+        let slot = Slot<Promise<Int>>()
+        let child = parent.recover(on: .immediate) { _ in slot.value! }
+        slot.value = child
+        parent.reject(TestError(1))
+        assertCycle(child)
+    }
+
+    func testHandlerReturningItsParentsSiblingIsNoCycle() {
+        let parent = Promise<Int>()
+        let other = Promise<Int>()
+        let child = parent.flatMap(on: .immediate) { _ in other.map(on: .immediate) { $0 * 2 } }
+        parent.fulfill(1)
+        XCTAssertTrue(child.isPending)
+        other.fulfill(4)
+        XCTAssertEqual(value(child), 8)
+    }
+}
