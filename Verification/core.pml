@@ -18,6 +18,10 @@
  *                   or two cancellers against children that push links, possibly pruning
  *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it).
  *
+ *   -DCYCLE         promises locking in to follow each other at the same time, and the
+ *                   cycle check (a link store, a full fence, a walk of the links) that
+ *                   keeps a ring of them from waiting for ever (-DNRING sizes it).
+ *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
  *   -DBROKEN_PLAIN_STORE   pc_observe pushes with a plain load + store instead of the CAS:
@@ -30,6 +34,10 @@
  *                          a child reads the family word before its push is visible (what
  *                          the StoreLoad reordering allows if pc_children_push's full
  *                          fetch-add were not a full barrier).
+ *
+ *   -DCYCLE -DBROKEN_NO_FENCE
+ *                          the cycle check's walk reads the ring before the promise's own
+ *                          link store is visible (no fence between them).
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -60,7 +68,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -716,7 +724,7 @@ init {
 #endif
 ltl all_reached { <> (ALL_REACHED && _nr_pr <= 1) }
 
-#else
+#elif defined(EPOCH)
 /* ======================================================================================
  * Model 3 (-DEPOCH): a cancel of a settled ancestor against handlers that are running in
  * no registry, and the forwarding epoch that keeps their check O(1).
@@ -873,6 +881,90 @@ init {
     /* and a cancel that came after R's descendants settled leaves them fulfilled */
     assert(claimOf[NP] == CANCELLED || claimOf[NP] == FULFILLED);
     assert(G % EPOCH_ONE == 0)              /* every forward ended */
+}
+
+#else
+/* ======================================================================================
+ * Model 4 (-DCYCLE): promises that lock in to follow each other at the same time, and the
+ * cycle check that keeps a ring of them from waiting for ever (AnyPromise.follow and
+ * Promise.resolve(with:), through recordFollowee and wouldWaitOnItself in CoreBridge).
+ *
+ * A ring of NRING promises; Linker(i) makes promise i follow promise i+1 (mod NRING), all
+ * at once: pc_claim(FREE -> FOLLOWING), then the followee link is stored and pc_fence
+ * runs, then the walk: from the promise to follow, while it is FOLLOWING with a recorded
+ * link, step to its followee; meeting itself, the linker rejects its promise
+ * (pc_claim(FOLLOWING -> REJECTED)), which the ring's followers then adopt through the
+ * observer protocol (model 1).
+ *
+ * Property: when every linker is done, some promise of the ring is rejected: the ring
+ * can never end with every promise following and none settled.
+ *
+ * Broken variant (must FAIL):
+ *   -DBROKEN_NO_FENCE  the walk's loads are satisfied before the link store is visible
+ *                      (what StoreLoad reordering allows without pc_fence)
+ * ====================================================================================== */
+
+#ifndef NRING
+#define NRING 3
+#endif
+
+byte rclaim[NRING];       /* each promise's claim word */
+byte rlink[NRING];        /* its followee link: 0 = none, else followee + 1 */
+
+inline walk_ring(start) {
+    cur = start;
+    do
+    :: d_step { rclaim[cur] == FOLLOWING && rlink[cur] != 0 -> next = rlink[cur] - 1 };
+       if
+       :: next == me -> cycle = true; break
+       :: else -> cur = next
+       fi
+    :: else -> break
+    od
+}
+
+proctype Linker(byte me) {
+    byte cur, next, target;
+    bool cycle = false;
+    target = (me + 1) % NRING;
+    d_step { rclaim[me] == FREE -> rclaim[me] = FOLLOWING };    /* pc_claim(FREE -> FOLLOWING) */
+#ifdef BROKEN_NO_FENCE
+    walk_ring(target);                                           /* reads first... */
+    rlink[me] = target + 1;                                      /* ...the store lands late */
+#else
+    rlink[me] = target + 1;                                      /* recordFollowee: store, pc_fence */
+    walk_ring(target);                                           /* wouldWaitOnItself */
+#endif
+    if
+    :: cycle ->
+        d_step {                                                 /* rejectAsCycle */
+            if
+            :: rclaim[me] == FOLLOWING -> rclaim[me] = REJECTED
+            :: else
+            fi
+        }
+    :: else                                                      /* registers on target */
+    fi
+}
+
+init {
+    byte i;
+    atomic {
+        i = 0;
+        do
+        :: i < NRING -> run Linker(i); i++
+        :: else -> break
+        od;
+        i = 0
+    }
+    timeout;                                                     /* every linker is done */
+    /* some promise of the ring rejected: its followers adopt that (model 1), so none
+     * waits for ever */
+    assert(rclaim[0] == REJECTED || rclaim[1] == REJECTED
+#if NRING > 2
+           || rclaim[2] == REJECTED
+#endif
+    )
 }
 
 #endif

@@ -69,6 +69,10 @@ $(eval $(call verify_run,registry-2cancellers-liveness,pass,-DREGISTRY -DNCHILD=
 $(eval $(call verify_run,epoch-safety,pass,-DEPOCH,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,epoch-cancel-parent-safety,pass,-DEPOCH -DCANCEL_P,$(PAN_SAFETY),-m100000))
 
+# Promises locking in to follow each other at once: rings of 2 and 3, the cycle check.
+$(eval $(call verify_run,cycle-ring2-safety,pass,-DCYCLE -DNRING=2,$(PAN_SAFETY),-m100000))
+$(eval $(call verify_run,cycle-ring3-safety,pass,-DCYCLE -DNRING=3,$(PAN_SAFETY),-m100000))
+
 # Broken variants (-I: a shortened counterexample).
 $(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_BROKEN),-m100000 -w22 -I))
@@ -76,6 +80,7 @@ $(eval $(call verify_run,broken-stale-retry,fail,-DBROKEN_STALE_RETRY,$(PAN_LIVE
 $(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKER,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGIN,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-cycle-no-fence,fail,-DCYCLE -DNRING=2 -DBROKEN_NO_FENCE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
