@@ -27,6 +27,12 @@ final class ErrorTests: XCTestCase {
         }
     }
 
+    func testWrapErrorDescribesItself() {
+        let error: any Error = PromiseWrapError.neitherValueNorError
+        XCTAssertEqual(error.localizedDescription, "\(PromiseWrapError.neitherValueNorError)")
+        XCTAssertTrue(error.localizedDescription.contains("neither a value nor an error"))
+    }
+
     func testDetailsAreInTheText() {
         let allRejected = String(describing: PromiseError.allRejected([TestError(7), TestError(8)]))
         XCTAssertTrue(allRejected.contains("2 errors"), allRejected)
