@@ -156,7 +156,10 @@ public class AnyPromise: @unchecked Sendable {
         if settledParentRetain != nil || isPending { releaseOwnedLinksIteratively() }
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
-        if let followeeAddress { HeldMemory.release(followeeAddress) }
+        // A plain load: nothing else can reach a dying promise's word.
+        if let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
+            HeldMemory.release(followee)
+        }
     }
 
     // MARK: State
@@ -326,7 +329,8 @@ public class AnyPromise: @unchecked Sendable {
             if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
                 // The parent if it is still alive: the handler that made us follow is done
                 // and dropped its hold (a dead parent has nothing to pass down any more).
-                if tag != UInt(PC_CANCELLED), let reason = cancelReasonFromAncestors(parent: parentIfAlive) {
+                if tag != UInt(PC_CANCELLED), let parent = parentIfAlive,
+                   let reason = cancelReasonFromAncestors(parent: parent) {
                     turnClaimIntoCancel(from: UInt32(tag), reason: reason)
                 } else {
                     copyOutcome(from: source, tag: tag)

@@ -283,7 +283,7 @@ extension AnyPromise {
     /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
     final func rejectAsCycle(parent: AnyPromise?) {
         guard claim(from: PC_FOLLOWING, to: PC_REJECTED) else { return }
-        if let reason = cancelReasonFromAncestors(parent: parent) {
+        if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = PromiseError.cycle

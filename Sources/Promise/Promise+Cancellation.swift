@@ -91,34 +91,40 @@ extension AnyPromise {
     /// `recording: false` only looks (for a promise that may be adopting an outcome on
     /// another thread meanwhile, which records for itself).
     @usableFromInline
-    final func cancelReasonFromAncestors(parent: AnyPromise?, recording: Bool = true) -> (any Error)? {
-        guard let parent else { return nil }  // a root, or a parent that died
+    ///
+    /// `parent` is borrowed from the caller, which holds it (not an optional: binding one
+    /// would make an owned copy, a retain and a release on every handler's claim).
+    final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = UInt(pc_forwarding_epoch())
         let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
-        // Whether `promise` vouches for every ancestor above it at this epoch.
-        @inline(__always) func coversAbove(_ promise: AnyPromise) -> Bool {
-            promise.verifiedEpoch == AncestorCheck.noAncestors || (quiet && promise.verifiedEpoch == epoch)
-        }
-        // The first ancestor's reason, walking up until one vouches for those above it.
-        @inline(__always) func reasonAbove() -> (any Error)? {
-            // The common case, without touching reference counts (the caller holds the
-            // parent): no cancel on the parent, and it verified this epoch.
-            if !parent.carriesCancelForDescendants && coversAbove(parent) {
-                return nil
-            }
-            var ancestor = parent
-            while true {
-                if let reason = ancestor.cancelReasonForDescendants { return reason }
-                if coversAbove(ancestor) { return nil }
-                // An ancestor that died has nobody left to cancel it, and passes nothing down.
-                guard let up = ancestor.parentIfAlive, !up.isPending else { return nil }
-                ancestor = up
-            }
-        }
-        let reason = reasonAbove()
+        // The common case, without touching reference counts (the caller holds the
+        // parent): no cancel on the parent, and it verified this epoch.
+        let reason = !parent.carriesCancelForDescendants && AnyPromise.covers(parent, epoch: epoch, quiet: quiet)
+            ? nil
+            : AnyPromise.reasonAbove(startingAt: parent, epoch: epoch, quiet: quiet)
         if reason == nil && recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
         return reason
+    }
+
+    /// Whether `promise` vouches for every ancestor above it at `epoch`.
+    @inline(__always)
+    private static func covers(_ promise: AnyPromise, epoch: UInt, quiet: Bool) -> Bool {
+        promise.verifiedEpoch == AncestorCheck.noAncestors || (quiet && promise.verifiedEpoch == epoch)
+    }
+
+    /// The first reason found walking up from `start` until an ancestor vouches for those
+    /// above it (a separate function: its strong references stay off the common path).
+    @inline(never)
+    private static func reasonAbove(startingAt start: AnyPromise, epoch: UInt, quiet: Bool) -> (any Error)? {
+        var ancestor = start
+        while true {
+            if let reason = ancestor.cancelReasonForDescendants { return reason }
+            if covers(ancestor, epoch: epoch, quiet: quiet) { return nil }
+            // An ancestor that died has nobody left to cancel it, and passes nothing down.
+            guard let up = ancestor.parentIfAlive, !up.isPending else { return nil }
+            ancestor = up
+        }
     }
 
     /// Whether `cancelReasonForDescendants` is non-nil, without building the error.
