@@ -32,8 +32,8 @@ help:
 	@echo "make stress     C racing tests + the Swift stress suite in release with long knobs"
 	@echo "make tsan       ThreadSanitizer over both test targets and the C test"
 	@echo "make asan       AddressSanitizer (+ LeakSanitizer, UBSan for C) over the same"
-	@echo "make bench      release benchmarks vs SwiftNIO, a mutex promise, continuations: one table"
-	@echo "make bench-check  fail if our mallocs per operation rose above Benchmarks/Thresholds/"
+	@echo "make bench      release benchmarks and memory cases vs SwiftNIO, a mutex promise, continuations: one table"
+	@echo "make bench-check  fail if our mallocs per operation or bytes per held promise rose above Benchmarks/Thresholds/"
 	@echo "make clean      remove build outputs"
 
 deps:

@@ -30,14 +30,9 @@ let package = Package(
             name: "Promise",
             dependencies: ["CPromiseCore", "CSwiftRuntime"]
         ),
-        // The tests' view of malloc (bytes in use), header only.
-        .systemLibrary(
-            name: "CMallocInfo",
-            path: "Tests/CMallocInfo"
-        ),
         .testTarget(
             name: "PromiseTests",
-            dependencies: ["Promise", "CPromiseCore", "CMallocInfo"]
+            dependencies: ["Promise", "CPromiseCore"]
         ),
         // Hammering: concurrent registration, settling and cancellation; bounded by
         // PROMISE_STRESS_ITERATIONS / PROMISE_STRESS_SECONDS (see README).

@@ -37,6 +37,22 @@ let package = Package(
             path: "PromiseBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        // Bytes per held promise, ours beside NIO's (not a benchmark: its folder's parent is
+        // Tools); glibc's malloc statistics through a header-only module.
+        .systemLibrary(
+            name: "CMallocInfo",
+            path: "Tools/CMallocInfo"
+        ),
+        .executableTarget(
+            name: "PromiseMemory",
+            dependencies: [
+                "CMallocInfo",
+                .product(name: "Promise", package: "Promise"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Tools/PromiseMemory"
+        ),
         // One case in a loop, for callgrind (not a benchmark: its folder's parent is Tools).
         .executableTarget(
             name: "PromiseProfile",

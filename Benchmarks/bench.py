@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Turns a package-benchmark run into the suite's one table, and gates mallocs per operation.
+"""Turns a package-benchmark run into the suite's one table, and gates mallocs per operation
+and bytes per held promise.
 
-    bench.py report RESULTS.jmh.json... [--markdown OUT.md]   the side-by-side table
-    bench.py check RESULTS.jmh.json...                        mallocs/op vs Thresholds/*.json
-    bench.py update-thresholds RESULTS.jmh.json...            rewrite Thresholds/ from a run
+    bench.py report RESULTS.jmh.json... [--memory MEMORY.json] [--markdown OUT.md]
+    bench.py check RESULTS.jmh.json... [--memory MEMORY.json]
+    bench.py update-thresholds RESULTS.jmh.json... [--memory MEMORY.json]
+
+`report` prints the side-by-side table, `check` compares our mallocs/op with
+Thresholds/mallocs-per-op.json and our bytes with Thresholds/bytes-per-item.json (failing on
+a rise), `update-thresholds` rewrites both from a run. MEMORY.json is what
+`PromiseMemory --json` prints (Tools/PromiseMemory): bytes per held item of each memory
+case, ours and NIO's, measured in one process.
 
 RESULTS is package-benchmark's JMH export (`--format jmh`); given several runs, each
 benchmark's best (lowest) median over them is used. Every benchmark is named
@@ -24,6 +31,17 @@ from collections import OrderedDict
 HERE = os.path.dirname(os.path.abspath(__file__))
 THRESHOLDS_DIR = os.path.join(HERE, "Thresholds")
 THRESHOLDS_FILE = os.path.join(THRESHOLDS_DIR, "mallocs-per-op.json")
+BYTES_FILE = os.path.join(THRESHOLDS_DIR, "bytes-per-item.json")
+
+# Memory targets: ours/NIO for bytes per held item, or an absolute bound in bytes.
+MEMORY_TARGETS = {
+    "mem:root": ("ratio", 1.0),
+    "mem:root+2-observers": ("ratio", 1.0),
+    "mem:root+then": ("ratio", 1.0),
+    "mem:settled-leaf-of-chain": ("bytes", 5 * 1024 * 1024),
+}
+# mallinfo2 deltas are exact but for the odd allocation of another thread over 100,000 items.
+BYTES_TOLERANCE_RELATIVE = 0.01
 
 OURS = "promise"
 
@@ -174,7 +192,51 @@ def verdict(case, impl, ratio):
     return "%s %g" % (op, bound), ("met" if met else "MISSED")
 
 
-def report(results, out=None):
+def load_memory(path):
+    """{case: {impl: {"bytes", "perItem"}}} from `PromiseMemory --json`, or {} without a path."""
+    if not path:
+        return OrderedDict()
+    with open(path) as handle:
+        rows = json.load(handle)
+    memory = OrderedDict()
+    for row in rows:
+        memory.setdefault(row["case"], OrderedDict())[row["impl"]] = {"bytes": row["bytes"],
+                                                                        "perItem": row["perItem"]}
+    return memory
+
+
+def fmt_bytes(value):
+    if value >= 10 * 1024 * 1024:
+        return "%.1f MB" % (value / 1e6)
+    if value >= 100_000:
+        return "%.0f kB" % (value / 1e3)
+    return "%.0f B" % value
+
+
+def memory_table(memory):
+    """The memory rows, ours beside NIO, and how many targets they met and missed."""
+    lines = ["| memory case | ours | nio | ours/nio | target | |",
+             "|---|---:|---:|---:|---|---|"]
+    tally = {"met": 0, "MISSED": 0}
+    for case, impls in memory.items():
+        ours, nio = impls.get(OURS), impls.get("nio")
+        ratio = ours["bytes"] / nio["bytes"] if ours and nio and nio["bytes"] > 0 else None
+        kind, bound = MEMORY_TARGETS.get(case, (None, None))
+        target, status = "", ""
+        if kind == "ratio" and ratio is not None:
+            target, status = "<= %g" % bound, ("met" if ratio <= bound else "MISSED")
+        elif kind == "bytes" and ours:
+            target, status = "<= %s" % fmt_bytes(bound), ("met" if ours["bytes"] <= bound else "MISSED")
+        if status:
+            tally[status] += 1
+        unit = "" if (ours or nio or {}).get("perItem", True) else " kept"
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            case, (fmt_bytes(ours["bytes"]) + unit) if ours else "-", (fmt_bytes(nio["bytes"]) + unit) if nio else "-",
+            ("%.2f" % ratio) if ratio is not None else "-", target, status))
+    return lines, tally
+
+
+def report(results, out=None, memory=None):
     rows = []
     header = ["case", "ours (promise)", "baseline", "baseline time", "ours/baseline", "target", "",
               "mallocs/op ours", "mallocs/op baseline"]
@@ -218,28 +280,59 @@ def report(results, out=None):
             "means ours is faster). Times are printed, never gated; `make bench-check` gates "
             "mallocs/op.\n\n%s\n"
             % (machine_line(), (", best of %d runs" % runs) if runs > 1 else "", "\n".join(lines)))
+    if memory:
+        memory_lines, memory_tally = memory_table(memory)
+        text += ("\nMemory (`PromiseMemory`, same machine): bytes per held item, malloc's headers and "
+                 "rounding included (glibc's bytes in use over 100,000 items); the last row is what a "
+                 "held settled leaf of a 100,000-step chain keeps. Gated by `make bench-check`.\n\n%s\n"
+                 % "\n".join(memory_lines))
+        for key in tally:
+            tally[key] += memory_tally[key]
     print(text)
-    print("targets: %d met, %d missed (wall-clock ratios, and mallocs for the alloc rows)"
+    print("targets: %d met, %d missed (wall-clock ratios, mallocs for the alloc rows, bytes for the memory rows)"
           % (tally["met"], tally["MISSED"]))
     if out:
         with open(out, "w") as handle:
             handle.write(text)
 
 
-def read_thresholds():
-    """Every Thresholds/*.json file: {"<case>/<impl>": max mallocs per operation}."""
-    thresholds = {}
-    if not os.path.isdir(THRESHOLDS_DIR):
-        return thresholds
-    for name in sorted(os.listdir(THRESHOLDS_DIR)):
-        if name.endswith(".json"):
-            with open(os.path.join(THRESHOLDS_DIR, name)) as handle:
-                data = json.load(handle)
-            thresholds.update({key: value for key, value in data.items() if not key.startswith("_")})
-    return thresholds
+def read_thresholds(path=THRESHOLDS_FILE):
+    """A thresholds file: {"<case>/<impl>": max mallocs per operation (or bytes per item)}."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as handle:
+        data = json.load(handle)
+    return {key: value for key, value in data.items() if not key.startswith("_")}
 
 
-def check(results):
+def check_memory(memory):
+    """Our bytes per item against Thresholds/bytes-per-item.json: (checked, failures)."""
+    thresholds = read_thresholds(BYTES_FILE)
+    failures, checked = [], 0
+    if not thresholds:
+        print("bench.py: no byte thresholds in %s" % BYTES_FILE, file=sys.stderr)
+        return 0, ["(no byte thresholds)"]
+    print("\n| memory case | bytes | threshold | |")
+    print("|---|---:|---:|---|")
+    for key, limit in sorted(thresholds.items()):
+        case, _, impl = key.partition("/")
+        measured = memory.get(case, {}).get(impl)
+        if measured is None:
+            print("bench.py: %s has a byte threshold but was not measured" % key, file=sys.stderr)
+            failures.append(key)
+            continue
+        checked += 1
+        ok = measured["bytes"] <= limit * (1 + BYTES_TOLERANCE_RELATIVE)
+        note = "ok" if ok else "REGRESSION: %.0f bytes more than allowed" % (measured["bytes"] - limit)
+        if ok and measured["perItem"] and measured["bytes"] < limit * 0.9:
+            note = "ok, improved: `make bench-thresholds` to lock it in"
+        print("| %s | %.0f | %.0f | %s |" % (key, measured["bytes"], limit, note))
+        if not ok:
+            failures.append("%s (%.0f bytes, threshold %.0f)" % (key, measured["bytes"], limit))
+    return checked, failures
+
+
+def check(results, memory=None):
     thresholds = read_thresholds()
     if not thresholds:
         print("bench.py: no thresholds in %s" % THRESHOLDS_DIR, file=sys.stderr)
@@ -264,19 +357,47 @@ def check(results):
             failures.append(key)
     for key in missing:
         print("bench.py: %s has a threshold but was not in this run" % key, file=sys.stderr)
+    memory_checked, memory_failures = check_memory(memory) if memory is not None else (0, [])
     if failures:
         print("\nbench-check: FAILED: mallocs per operation above threshold: %s" % ", ".join(failures))
-        print("(an intended change? `make bench-thresholds` rewrites %s from a run)"
-              % os.path.relpath(THRESHOLDS_FILE, os.path.dirname(HERE)))
+    if memory_failures:
+        print("\nbench-check: FAILED: bytes per held item above threshold: %s" % ", ".join(memory_failures))
+    if failures or memory_failures:
+        print("(an intended change? `make bench-thresholds` rewrites %s and %s from a run)"
+              % (os.path.relpath(THRESHOLDS_FILE, os.path.dirname(HERE)),
+                 os.path.relpath(BYTES_FILE, os.path.dirname(HERE))))
+        print("bench-check: %d passed, %d failed" % (checked + memory_checked - len(failures) - len(memory_failures),
+                                                     len(failures) + len(memory_failures)))
         return 1
     if missing:
         print("\nbench-check: FAILED: %d thresholded benchmarks missing from the run" % len(missing))
         return 1
-    print("\nbench-check: %d passed, 0 failed" % checked)
+    print("\nbench-check: %d passed, 0 failed" % (checked + memory_checked))
     return 0
 
 
-def update_thresholds(results):
+def update_memory_thresholds(memory):
+    data = OrderedDict()
+    data["_comment"] = ("Maximum bytes per held item of our promise in each memory case (the last: bytes a "
+                        "held settled leaf keeps), checked by `make bench-check` (bench.py check). "
+                        "Rewritten by `make bench-thresholds`.")
+    for case, impls in memory.items():
+        if OURS not in impls:
+            continue
+        kind, bound = MEMORY_TARGETS.get(case, (None, None))
+        if not impls[OURS]["perItem"] and kind == "bytes":
+            # One measurement of what a held leaf keeps: a few hundred bytes that other
+            # threads' allocations move around; the gate is the target itself.
+            data["%s/%s" % (case, OURS)] = bound
+        else:
+            data["%s/%s" % (case, OURS)] = round(impls[OURS]["bytes"])
+    with open(BYTES_FILE, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+    print("wrote %s (%d thresholds)" % (BYTES_FILE, len(data) - 1))
+
+
+def update_thresholds(results, memory=None):
     data = OrderedDict()
     data["_comment"] = ("Maximum mallocs per operation of our promise in each benchmark, checked by "
                         "`make bench-check` (bench.py check). Rewritten by `make bench-thresholds`.")
@@ -290,6 +411,8 @@ def update_thresholds(results):
         json.dump(data, handle, indent=2)
         handle.write("\n")
     print("wrote %s (%d thresholds)" % (THRESHOLDS_FILE, len(data) - 1))
+    if memory:
+        update_memory_thresholds(memory)
     return 0
 
 
@@ -297,21 +420,29 @@ def main(argv):
     if len(argv) < 3 or argv[1] not in ("report", "check", "update-thresholds"):
         print(__doc__, file=sys.stderr)
         return 2
-    out = None
     args = argv[2:]
-    if "--markdown" in args:
-        out = args[args.index("--markdown") + 1]
-        args = args[:args.index("--markdown")] + args[args.index("--markdown") + 2:]
+
+    def option(name):
+        nonlocal args
+        if name not in args:
+            return None
+        value = args[args.index(name) + 1]
+        args = args[:args.index(name)] + args[args.index(name) + 2:]
+        return value
+
+    out = option("--markdown")
+    memory_path = option("--memory")
     results = load_runs(args)
     if not results:
         print("bench.py: no benchmark results in %s" % " ".join(args), file=sys.stderr)
         return 1
+    memory = load_memory(memory_path) if memory_path else None
     if argv[1] == "report":
-        report(results, out)
+        report(results, out, memory)
         return 0
     if argv[1] == "check":
-        return check(results)
-    return update_thresholds(results)
+        return check(results, memory)
+    return update_thresholds(results, memory)
 
 
 if __name__ == "__main__":

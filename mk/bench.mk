@@ -1,8 +1,10 @@
-# Benchmarks (issue 9): Benchmarks/ is a package of its own (package-benchmark + SwiftNIO), so
-# the library's Package.swift stays dependency-free. See Benchmarks/README.md.
+# Benchmarks: Benchmarks/ is a package of its own (package-benchmark + SwiftNIO), so the
+# library's Package.swift stays dependency-free. See Benchmarks/README.md.
 #
-#   make bench             release build, every case for our promise and each baseline, one table
-#   make bench-check       our promise's mallocs/op against Benchmarks/Thresholds/ (fails on a rise)
+#   make bench             release build, every case for our promise and each baseline, and the
+#                          memory cases (bytes per held promise beside NIO): one table
+#   make bench-check       our promise's mallocs/op and bytes per held item against
+#                          Benchmarks/Thresholds/ (fails on a rise); deterministic, so CI runs it
 #   make bench-thresholds  rewrite Benchmarks/Thresholds/ from a run (after an intended change)
 #   make bench-instructions  instructions per operation under callgrind, ours vs baselines
 #                          (stable on a loaded machine, unlike wall clock; ~5 minutes)
@@ -21,6 +23,8 @@ BENCH_RUNS     ?= 1
 PYTHON         ?= python3
 # package-benchmark's plugin; writes only under Benchmarks/.build.
 BENCH_RUN       = $(SWIFT) package --allow-writing-to-directory .build benchmark --no-progress --format jmh
+# The memory cases: bytes per held promise, ours and NIO's, in one process (JSON for bench.py).
+BENCH_MEMORY    = $(SWIFT) build -c release --product PromiseMemory && .build/release/PromiseMemory --json
 CASE           ?= settle-one/promise
 # valgrind 3.19 gives up on the DWARF 5 that Swift 6.3 emits: callgrind runs a copy of the
 # release binary without debug info (function names come from the symbol table).
@@ -35,19 +39,23 @@ bench: deps
 			mkdir -p $(BENCH_OUT)/run-$$run && \
 			$(BENCH_RUN) --path $(BENCH_OUT)/run-$$run $(if $(BENCH_FILTER),--filter '$(BENCH_FILTER)') || exit 1; \
 		done && \
-		$(PYTHON) bench.py report $(BENCH_OUT)/run-*/Current_run.jmh.json --markdown $(BENCH_OUT)/table.md
+		$(BENCH_MEMORY) > $(BENCH_OUT)/memory.json && \
+		$(PYTHON) bench.py report $(BENCH_OUT)/run-*/Current_run.jmh.json --memory $(BENCH_OUT)/memory.json \
+			--markdown $(BENCH_OUT)/table.md
 
 bench-check: deps
-	@echo "==> bench-check: our promise's mallocs per operation against Benchmarks/Thresholds/"
+	@echo "==> bench-check: our promise's mallocs per operation and bytes per held item against Benchmarks/Thresholds/"
 	@cd $(BENCH_DIR) && rm -rf $(BENCH_CHECKOUT) && mkdir -p $(BENCH_CHECKOUT) && \
 		$(BENCH_RUN) --path $(BENCH_CHECKOUT) --filter '.*/promise' && \
-		$(PYTHON) bench.py check $(BENCH_CHECKOUT)/Current_run.jmh.json
+		$(BENCH_MEMORY) > $(BENCH_CHECKOUT)/memory.json && \
+		$(PYTHON) bench.py check $(BENCH_CHECKOUT)/Current_run.jmh.json --memory $(BENCH_CHECKOUT)/memory.json
 
 bench-thresholds: deps
 	@echo "==> bench-thresholds: rewriting Benchmarks/Thresholds/ from a run of our promise's cases"
 	@cd $(BENCH_DIR) && rm -rf $(BENCH_CHECKOUT) && mkdir -p $(BENCH_CHECKOUT) && \
 		$(BENCH_RUN) --path $(BENCH_CHECKOUT) --filter '.*/promise' && \
-		$(PYTHON) bench.py update-thresholds $(BENCH_CHECKOUT)/Current_run.jmh.json
+		$(BENCH_MEMORY) > $(BENCH_CHECKOUT)/memory.json && \
+		$(PYTHON) bench.py update-thresholds $(BENCH_CHECKOUT)/Current_run.jmh.json --memory $(BENCH_CHECKOUT)/memory.json
 
 bench-profile-binary: deps
 	@cd $(BENCH_DIR) && $(SWIFT) build -c release --product PromiseProfile && \

@@ -544,11 +544,11 @@ final class MemoryTests: XCTestCase {
 
     /// The retention rule a server meets: a cached `download().then { summarize($0) }` must
     /// not keep the download. A 100,000-step chain from a root fulfilled with a 50 MB value:
-    /// once it settled, holding the leaf keeps neither the value nor any step above it.
+    /// once it settled, holding the leaf keeps neither the value nor any step above it
+    /// (the bytes it keeps are measured, beside SwiftNIO, by the benchmarks' memory cases).
     func testSettledLeafOfLongChainKeepsNeitherRootNorItsValue() {
         runInChildProcess {
             let tracker = LifeTracker()
-            let bytesBefore = mallocBytesInUse()
             weak var weakRoot: Promise<Payload>?
             weak var weakMiddle: Promise<Int>?
             let leaf: Promise<Int>
@@ -565,10 +565,6 @@ final class MemoryTests: XCTestCase {
             XCTAssertNil(weakRoot, "the settled leaf kept the root alive")
             XCTAssertNil(weakMiddle, "the settled leaf kept a step above it alive")
             XCTAssertEqual(tracker.alive, 0, "the settled leaf kept the root's value alive")
-            if let before = bytesBefore, let after = mallocBytesInUse() {
-                XCTAssertLessThan(after - min(after, before), 5_000_000,
-                                  "holding the settled leaf keeps \(after - before) bytes allocated")
-            }
             withExtendedLifetime(leaf) {}
         }
     }

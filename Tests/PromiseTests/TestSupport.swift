@@ -3,7 +3,6 @@
 // harness that starts racing threads together. Locks are fine here: these are tests.
 import Dispatch
 import Foundation
-import CMallocInfo
 import Promise
 import XCTest
 
@@ -431,13 +430,6 @@ struct Payload: Sendable {
         init(_ tracker: LifeTracker) { self.tracker = tracker; tracker.born() }
         deinit { tracker.died() }
     }
-}
-
-/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`), or nil
-/// where that is not available. Exact, unlike the resident set, which freed pages leave.
-func mallocBytesInUse() -> Int? {
-    let bytes = cmi_malloc_bytes_in_use()
-    return bytes < 0 ? nil : bytes
 }
 
 /// A weak reference a `@Sendable` closure can fill in: to see when a promise made inside

@@ -1,0 +1,150 @@
+// Bytes per held promise, ours beside SwiftNIO's EventLoopFuture, in one process: what
+// `make bench` reports and `make bench-check` gates (Benchmarks/README.md, "Memory").
+//
+//   PromiseMemory [--json]
+//
+// Each case builds `count` items and holds them all, reading glibc's count of bytes in use
+// (mallinfo2: chunks with their headers, in one arena for every thread) before and after:
+// the difference over `count` is what one item costs, malloc's rounding and headers
+// included. Deterministic for a given binary and libc, unlike the resident set or time.
+// The retention case reports the bytes a held settled leaf keeps instead (not per item).
+import CMallocInfo
+import Foundation
+import NIOCore
+import NIOPosix
+import Promise
+
+cmi_use_one_arena()  // before any thread starts: the loop's allocations must be counted too
+
+let count = 100_000
+let chainLength = 100_000
+let rootValueBytes = 50_000_000
+
+struct Row: Encodable {
+    let `case`: String
+    let impl: String
+    let bytes: Double
+    let perItem: Bool
+}
+
+func bytesInUse() -> Int {
+    let bytes = cmi_malloc_bytes_in_use()
+    guard bytes >= 0 else {
+        FileHandle.standardError.write("PromiseMemory: mallinfo2 is not available here (glibc only)\n".data(using: .utf8)!)
+        exit(2)
+    }
+    return bytes
+}
+
+/// Bytes per item of `build`, whose items `hold` keeps until `release`.
+func perItem<Item>(_ build: () -> Item, release: ([Item]) -> Void) -> Double {
+    var items: [Item] = []
+    items.reserveCapacity(count)
+    let before = bytesInUse()
+    for _ in 0..<count { items.append(build()) }
+    let after = bytesInUse()
+    release(items)
+    return Double(after - before) / Double(count)
+}
+
+let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+let loop = group.next()
+
+/// Runs `body` on the loop and returns its result (NIO's callbacks are registered there).
+func onLoop<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
+    try! loop.submit(body).wait()
+}
+
+struct Held<T>: @unchecked Sendable { var value: T }
+
+var rows: [Row] = []
+
+// A pending root.
+rows.append(Row(case: "mem:root", impl: "promise", bytes: perItem({ Promise<Int>() }) { roots in
+    for root in roots { root.fulfill(0) }
+}, perItem: true))
+rows.append(Row(case: "mem:root", impl: "nio", bytes: onLoop {
+    Held(value: perItem({ loop.makePromise(of: Int.self) }) { promises in
+        for promise in promises { promise.succeed(0) }
+    })
+}.value, perItem: true))
+
+// A pending root with two observers.
+rows.append(Row(case: "mem:root+2-observers", impl: "promise", bytes: perItem({ () -> Promise<Int> in
+    let root = Promise<Int>()
+    root.whenComplete(on: .immediate) { _ in }
+    root.whenComplete(on: .immediate) { _ in }
+    return root
+}) { roots in
+    for root in roots { root.fulfill(0) }
+}, perItem: true))
+rows.append(Row(case: "mem:root+2-observers", impl: "nio", bytes: onLoop {
+    Held(value: perItem({ () -> EventLoopPromise<Int> in
+        let promise = loop.makePromise(of: Int.self)
+        promise.futureResult.whenComplete { _ in }
+        promise.futureResult.whenComplete { _ in }
+        return promise
+    }) { promises in
+        for promise in promises { promise.succeed(0) }
+    })
+}.value, perItem: true))
+
+// A pending root and one child, both held.
+rows.append(Row(case: "mem:root+then", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
+    let root = Promise<Int>()
+    return (root, root.then(on: .immediate) { $0 + 1 })
+}) { pairs in
+    for (root, _) in pairs { root.fulfill(0) }
+}, perItem: true))
+rows.append(Row(case: "mem:root+then", impl: "nio", bytes: onLoop {
+    Held(value: perItem({ () -> (EventLoopPromise<Int>, EventLoopFuture<Int>) in
+        let promise = loop.makePromise(of: Int.self)
+        return (promise, promise.futureResult.map { $0 + 1 })
+    }) { pairs in
+        for (promise, _) in pairs { promise.succeed(0) }
+    })
+}.value, perItem: true))
+
+// What a held settled leaf keeps: a chain of `.immediate` steps from a root fulfilled with a
+// large value; only the leaf is held once the chain settled.
+func keptByLeaf<Leaf>(_ build: () -> Leaf, _ read: (Leaf) -> Int) -> Double {
+    let before = bytesInUse()
+    let leaf = build()
+    let after = bytesInUse()
+    precondition(read(leaf) == rootValueBytes + chainLength, "the chain computed \(read(leaf))")
+    return Double(after - before)
+}
+
+rows.append(Row(case: "mem:settled-leaf-of-chain", impl: "promise", bytes: keptByLeaf({ () -> Promise<Int> in
+    let root = Promise<[UInt8]>()
+    var step = root.then(on: .immediate) { $0.count }
+    for _ in 0..<chainLength { step = step.then(on: .immediate) { $0 &+ 1 } }
+    root.fulfill([UInt8](repeating: 1, count: rootValueBytes))
+    return step
+}, { (try? $0.wait()) ?? -1 }), perItem: false))
+rows.append(Row(case: "mem:settled-leaf-of-chain", impl: "nio", bytes: onLoop {
+    Held(value: keptByLeaf({ () -> EventLoopFuture<Int> in
+        let root = loop.makePromise(of: [UInt8].self)
+        var step = root.futureResult.map { $0.count }
+        for _ in 0..<chainLength { step = step.map { $0 &+ 1 } }
+        root.succeed([UInt8](repeating: 1, count: rootValueBytes))
+        return step
+    }, { future in
+        final class Seen: @unchecked Sendable { var value = -1 }
+        let seen = Seen()
+        future.whenSuccess { seen.value = $0 }  // settled: runs at once, on the loop
+        return seen.value
+    }))
+}.value, perItem: false))
+
+try! group.syncShutdownGracefully()
+
+if CommandLine.arguments.contains("--json") {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+    print(String(data: try! encoder.encode(rows), encoding: .utf8)!)
+} else {
+    for row in rows {
+        print("\(row.case)/\(row.impl): \(Int(row.bytes.rounded())) bytes\(row.perItem ? " per item" : " kept")")
+    }
+}
