@@ -278,7 +278,7 @@ def report(results, out=None, memory=None):
             "observer for fan-out-1000; contended in operations per second). ours/baseline < 1 "
             "means ours is faster, except for contended, where it is the throughput ratio (> 1 "
             "means ours is faster). Times are printed, never gated; `make bench-check` gates "
-            "mallocs/op.\n\n%s\n"
+            "mallocs/op and bytes per held item.\n\n%s\n"
             % (machine_line(), (", best of %d runs" % runs) if runs > 1 else "", "\n".join(lines)))
     if memory:
         memory_lines, memory_tally = memory_table(memory)
