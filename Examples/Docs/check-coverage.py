@@ -7,14 +7,15 @@ Reads the coverage file that `docc convert --experimental-documentation-coverage
 (`make docs` asks for it). A symbol passes when it has an abstract (the first paragraph
 of its doc comment) and a code listing (in its doc comment, or added by an extension
 file in Sources/Promise/Promise.docc/Extensions/). Members that Swift synthesises from
-the standard library (`!=`, `localizedDescription`) carry Apple's documentation, not
+the standard library or Foundation (`!=`, `localizedDescription`, `LocalizedError`'s
+`failureReason`, `helpAnchor`, `recoverySuggestion`) carry Apple's documentation, not
 ours, and are skipped, as are the pages DocC makes for groups and extended modules.
 """
 
 import json
 import sys
 
-INHERITED = {"!=(_:_:)", "localizedDescription"}
+INHERITED = {"!=(_:_:)", "localizedDescription", "failureReason", "helpAnchor", "recoverySuggestion"}
 NOT_SYMBOLS = {"org.swift.docc.kind.extendedModule", "org.swift.docc.kind.collectionGroup",
                "org.swift.docc.kind.module"}
 

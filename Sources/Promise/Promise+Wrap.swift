@@ -9,6 +9,11 @@ public enum PromiseWrapError: Error, Sendable {
 
 extension PromiseWrapError: CustomStringConvertible, LocalizedError {
     /// The error as a sentence, for logs.
+    ///
+    /// ```swift
+    /// print(PromiseWrapError.neitherValueNorError)
+    /// // the wrapped completion handler was called with neither a value nor an error
+    /// ```
     public var description: String {
         switch self {
         case .neitherValueNorError:
@@ -17,6 +22,11 @@ extension PromiseWrapError: CustomStringConvertible, LocalizedError {
     }
 
     /// The same sentence as `description`, for `localizedDescription`.
+    ///
+    /// ```swift
+    /// let error: any Error = PromiseWrapError.neitherValueNorError
+    /// print(error.localizedDescription)   // the sentence
+    /// ```
     public var errorDescription: String? { description }
 }
 

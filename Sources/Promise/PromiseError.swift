@@ -27,18 +27,38 @@ public enum PromiseError: Error, Sendable {
     /// reference went away while it was pending, so it never could be settled. Delivered
     /// to everything still waiting on it (children, observers, `await`ers, `wait()`
     /// callers, combinators), as folly's `BrokenPromise`.
+    ///
+    /// ```swift
+    /// let name = lookup().then { $0.name }   // lookup's promise is dropped unsettled
+    /// name.catch { if case PromiseError.brokenPromise = $0 { log("lookup never answered") } }
+    /// ```
     case brokenPromise
     /// A promise would have waited on itself, directly (`p.resolve(with: p)`, a handler
     /// returning its own child) or through a cycle of promises following each other
     /// (Promises/A+ 2.3.1).
+    ///
+    /// ```swift
+    /// let p = Promise<Int>()
+    /// p.resolve(with: p)   // p rejects with PromiseError.cycle
+    /// ```
     case cycle
     /// An argument was out of range, such as `Promise.retry(attempts: 0)`; the text says
     /// which and why.
+    ///
+    /// ```swift
+    /// Promise<Int>.retry(attempts: 0) { fetch() }
+    ///     .catch { print($0) }   // "invalid argument: Promise.retry needs at least one attempt, ..."
+    /// ```
     case invalidArgument(String)
 }
 
 extension PromiseError: CustomStringConvertible, LocalizedError {
     /// The error as a sentence, e.g. "every input was rejected (3 errors: ...)".
+    ///
+    /// ```swift
+    /// print(PromiseError.brokenPromise)
+    /// // the promise was dropped before it was settled: nothing can settle it any more
+    /// ```
     public var description: String {
         switch self {
         case .timedOut:
@@ -61,5 +81,10 @@ extension PromiseError: CustomStringConvertible, LocalizedError {
 
     /// The same sentence as `description`, for `localizedDescription` and logging
     /// frameworks that read `LocalizedError`.
+    ///
+    /// ```swift
+    /// let error: any Error = PromiseError.cycle
+    /// logger.error("\(error.localizedDescription)")   // the sentence, not "error 4"
+    /// ```
     public var errorDescription: String? { description }
 }
