@@ -2,14 +2,6 @@
 import NIOCore
 import Promise
 
-/// Errors of the bridge itself.
-public enum PromiseNIOError: Error, Sendable {
-    /// The promise behind an `EventLoopFuture` was freed while still pending (nothing
-    /// could settle it any more), so the future fails with this instead of never
-    /// completing.
-    case promiseAbandoned
-}
-
 extension Promise {
     /// An `EventLoopFuture` on `eventLoop` that completes as this promise settles.
     ///
@@ -25,8 +17,9 @@ extension Promise {
     /// cancelled one fails it with the cancellation reason (`CancellationError` unless
     /// `cancel(reason:)` gave another). The future's callbacks run on `eventLoop`, as NIO
     /// always does: completing from another thread hops to the loop. If the promise is
-    /// freed while still pending, the future fails with `PromiseNIOError.promiseAbandoned`
-    /// rather than leaking (NIO traps on leaked promises in debug builds).
+    /// freed while still pending, the future fails with `PromiseError.brokenPromise` (what
+    /// every observer of a dropped promise gets) rather than leaking (NIO traps on leaked
+    /// promises in debug builds).
     ///
     /// Observing costs one `whenComplete` on `.immediate`: no child promise, no extra hop
     /// beyond the one NIO makes when the promise settles off the loop.
@@ -66,8 +59,9 @@ extension EventLoopFuture where Value: Sendable {
     }
 }
 
-/// Holds the NIO promise until the Promise settles; fails it if the Promise is freed
-/// pending (its observer, and with it this object, is released unfired).
+/// Holds the NIO promise until the Promise settles. A Promise freed pending fires its
+/// observer with `PromiseError.brokenPromise`; should the observer ever be released unrun,
+/// the deinit still fails the NIO promise with that error, so NIO never sees a leak.
 ///
 /// `@unchecked Sendable`: `nioPromise` is written twice at most: by `complete`, which
 /// runs once, and read by `deinit`, which runs after the last release, ordered after
@@ -87,6 +81,6 @@ private final class FutureCompleter<Value: Sendable>: @unchecked Sendable {
     }
 
     deinit {
-        nioPromise?.fail(PromiseNIOError.promiseAbandoned)
+        nioPromise?.fail(PromiseError.brokenPromise)
     }
 }
