@@ -92,14 +92,17 @@ if let (number, word) = try? Promise(value: 6).and(Promise(value: "six")).wait()
 }
 check((try? Promise.sequence([1, 2]) { Promise(value: $0) }.wait()) == [1, 2], "sequence")
 check((try? Promise.retry(attempts: 2) { Promise(value: 7) }.wait()) == 7, "retry")
+// Held: a pending promise that everyone drops breaks its dependents (brokenPromise) instead.
+let neverSettled = Promise<Int>()
 do {
-    _ = try Promise<Int>().timeout(.milliseconds(10)).wait()
+    _ = try neverSettled.timeout(.milliseconds(10)).wait()
     check(false, "timeout rejects with .timedOut")
 } catch PromiseError.timedOut {
     check(true, "timeout rejects with .timedOut")
 } catch {
     check(false, "timeout rejects with .timedOut (threw \(error))")
 }
+withExtendedLifetime(neverSettled) {}
 check((try? Promise.wrap { (done: @escaping @Sendable (Result<Int, Error>) -> Void) in done(.success(8)) }.wait()) == 8,
       "wrap")
 

@@ -75,10 +75,12 @@ struct Consumer {
             .map { $0.count }                                 // String -> Int
             .flatMap { count in Promise<Int>(on: .default) { count * 10 } }
             .validate { $0 > 0 }
-        input.fulfill(41)
-        await report.expect(chain, 40, "then(map) -> then(flatMap) -> map -> flatMap -> validate")
+        // Checked while pending: once settled, nobody holds the steps in between, and a
+        // promise keeps nothing above it.
         report.check(chain.parent?.parent?.parent?.parent?.parent === input && chain.root === input,
                      "each step's parent is the previous one; root is the input")
+        input.fulfill(41)
+        await report.expect(chain, 40, "then(map) -> then(flatMap) -> map -> flatMap -> validate")
 
         let both = Promise(value: 2).then({ v in "value \(v)" }, { error in "error \(error)" })
         await report.expect(both, "value 2", "then(onFulfilled, onRejected) on a fulfilled promise")

@@ -30,11 +30,13 @@ final class ConsumerTests: XCTestCase {
     func testTypedChainDeliversTheTransformedValue() async throws {
         let input = Promise<Int>()
         let text = input.then { $0 * 2 }.then { "value \($0)" }
+        // While pending, the chain is alive: the middle step links text to its root. (Once
+        // settled, nobody holds the middle step, so text keeps nothing above it.)
+        XCTAssertTrue(text.root === input)
         XCTAssertTrue(input.fulfill(21))
         XCTAssertFalse(input.fulfill(0), "a promise settles once")
         let value = try await text.value
         XCTAssertEqual(value, "value 42")
-        XCTAssertTrue(text.root === input)
     }
 
     func testRejectionSkipsSuccessHandlersUntilRecovered() throws {
@@ -64,11 +66,14 @@ final class ConsumerTests: XCTestCase {
         XCTAssertEqual(all, [1, 2])
         let any = try await Promise.any([Promise<Int>(error: TestError(code: 2)), Promise(value: 3)]).value
         XCTAssertEqual(any, 3)
+        // Held: a pending promise dropped by everyone would break its dependents instead.
+        let never = Promise<Int>()
         do {
-            _ = try await Promise<Int>().timeout(.milliseconds(10)).value
+            _ = try await never.timeout(.milliseconds(10)).value
             XCTFail("timeout should reject")
         } catch PromiseError.timedOut {
         }
+        withExtendedLifetime(never) {}
     }
 
     func testHandlersOnASerialQueueRunInRegistrationOrder() throws {
