@@ -1,4 +1,4 @@
-// Every spelling that API.md gives for the parts in scope (resolver side, continuations,
+// Every spelling that the public API contract gives for the parts in scope (resolver side, continuations,
 // contexts, state, navigation, cancellation, blocking), written exactly as there. It
 // mainly has to compile; the results are asserted too. Not here yet: the async
 // initialiser, `value`/`result`, combinators.
@@ -7,7 +7,7 @@ import Foundation
 import Promise
 import XCTest
 
-// The types, as API.md declares them.
+// The types, as the contract declares them.
 private let anyPromiseIsAClass: AnyPromise.Type = Promise<Int>.self
 private func isSendable<T: Sendable>(_: T.Type) -> Bool { true }
 

@@ -479,7 +479,7 @@ final class CancellationTests: XCTestCase {
     // MARK: Work a promise owns
 
     /// A child that follows the promise its handler returned owns that work: cancelling
-    /// the child reaches it (API.md, Cancellation: "It reaches the work a promise owns").
+    /// the child reaches it (the Cancellation rule: "It reaches the work a promise owns").
     func testCancellingFollowingChildCancelsTheReturnedPromise() {
         let inner = Promise<Int>()
         let queue = DispatchQueue(label: "PromiseTests.following")
