@@ -1,4 +1,4 @@
-# Examples and documentation (issue 7). Examples/ is a package of its own (SwiftNIO is
+# Examples and documentation. Examples/ is a package of its own (SwiftNIO is
 # its dependency, never the library's); Examples/Docs is a docs-only package that holds
 # the swift-docc-plugin.
 #

@@ -1,4 +1,4 @@
-# Embeddable (issue 8): the library as an outside package sees it, and its public surface.
+# Embeddable: the library as an outside package sees it, and its public surface.
 #
 #   make integration  IntegrationTests/Consumer, a package of its own that depends on this
 #                     one by path: builds it and its tests with warnings as errors (Swift 6

@@ -1,4 +1,4 @@
-# The stress suite and the sanitizers (issue 5).
+# The stress suite and the sanitizers.
 #
 #   make stress   the C core's racing tests and Tests/PromiseStressTests (release build)
 #                 with long knobs: STRESS_ITERATIONS rounds per test, capped at
