@@ -19,7 +19,7 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-_Static_assert(sizeof(pc_promise) == 13 * sizeof(void *), "pc_promise is thirteen words");
+_Static_assert(sizeof(pc_promise) == 14 * sizeof(void *), "pc_promise is fourteen words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -40,16 +40,23 @@ static void pc_die(const char *function, const char *what, uintptr_t word) {
 static _Thread_local struct {
     pc_node *head;
     pc_node *tail;
+    pc_node *late; /* pc_defer_late's stack, run once the FIFO is empty */
     unsigned depth;
 } pc_trampoline;
 
 static void pc_drain(void) {
     pc_trampoline.depth = 1; /* a fire callback that publishes or observes only queues */
-    while (pc_trampoline.head != NULL) {
+    for (;;) {
         pc_node *node = pc_trampoline.head;
-        pc_trampoline.head = node->next; /* read before fire: fire may free the node */
-        if (pc_trampoline.head == NULL) {
-            pc_trampoline.tail = NULL;
+        if (node != NULL) {
+            pc_trampoline.head = node->next; /* read before fire: fire may free the node */
+            if (pc_trampoline.head == NULL) {
+                pc_trampoline.tail = NULL;
+            }
+        } else if ((node = pc_trampoline.late) != NULL) {
+            pc_trampoline.late = node->next;
+        } else {
+            break;
         }
         node->fire(node, NULL);
     }
@@ -62,7 +69,7 @@ static inline void pc_scope_enter(void) {
 
 static inline void pc_scope_leave(void) {
     pc_trampoline.depth -= 1;
-    if (pc_trampoline.depth == 0 && pc_trampoline.head != NULL) {
+    if (pc_trampoline.depth == 0 && (pc_trampoline.head != NULL || pc_trampoline.late != NULL)) {
         pc_drain();
     }
 }
@@ -81,6 +88,18 @@ void pc_defer(pc_node *node) {
     if (pc_trampoline.depth == 0) {
         pc_drain();
     }
+}
+
+bool pc_defer_late(pc_node *node) {
+    if (node->fire == NULL) {
+        pc_die("pc_defer_late", "node has no fire callback", (uintptr_t)node);
+    }
+    if (pc_trampoline.depth == 0) {
+        return false;
+    }
+    node->next = pc_trampoline.late;
+    pc_trampoline.late = node;
+    return true;
 }
 
 uintptr_t pc_inline_begin(const pc_promise *promise) {
@@ -292,6 +311,75 @@ uintptr_t pc_family(const pc_promise *promise) {
     /* acquire: pairs with the full CAS in pc_family_set; a PUBLISHED bit seen here makes
      * the reason stored before it visible. */
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
+}
+
+/* ---- holds on the path of an in-flight descendant ---------------------------------- */
+
+bool pc_holds_add_if_holding(pc_promise *promise, uintptr_t delta) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    while ((seen & ~(uintptr_t)PC_HOLDS_GONE) != 0) {
+        /* full: an increment-if-holding must not let a concurrent last release pass it
+         * unseen (the CAS fails if that release changed the word first). */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen + delta));
+        if (was == seen) {
+            return true;
+        }
+        seen = was;
+    }
+    return false;
+}
+
+uintptr_t pc_holds_add(pc_promise *promise, uintptr_t delta) {
+    /* full: the StoreLoad half orders this add before the caller's next pc_state load
+     * (the Dekker pairing with pc_publish's full CAS, see the header). */
+    return (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->holds), (AO_t)delta);
+}
+
+uintptr_t pc_holds_remove_one(pc_promise *promise) {
+    /* full: the caller that removes the last hold then drops what the holds kept; every
+     * earlier hold's changes happen before. */
+    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->holds),
+                                                        (AO_t)(0 - (uintptr_t)PC_HOLDS_ONE));
+    if (before < PC_HOLDS_ONE) {
+        pc_die("pc_holds_remove_one", "removed a hold that was never added", before);
+    }
+    return before;
+}
+
+uintptr_t pc_holds_clear_self(pc_promise *promise) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    while ((seen & PC_HOLDS_SELF) != 0) {
+        /* full: as pc_holds_remove_one; and only one caller clears the bit. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen & ~(uintptr_t)PC_HOLDS_SELF));
+        if (was == seen) {
+            return seen;
+        }
+        seen = was;
+    }
+    return seen;
+}
+
+void pc_holds_mark_gone(pc_promise *promise) {
+    /* full: the bit is set before the caller's following pc_holds_add, so a last release
+     * that follows that add in the word's order sees it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    while ((seen & PC_HOLDS_GONE) == 0) {
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen | PC_HOLDS_GONE));
+        if (was == seen) {
+            return;
+        }
+        seen = was;
+    }
+}
+
+uintptr_t pc_holds(const pc_promise *promise) {
+    /* acquire: the caller's decision to clear SELF follows what the word showed. */
+    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->holds));
 }
 
 bool pc_once(uintptr_t *flag) {

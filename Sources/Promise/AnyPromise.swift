@@ -68,7 +68,13 @@ public class AnyPromise: @unchecked Sendable {
     /// The parent's address, its memory held by our unowned count (see `parentIfAlive`);
     /// nil for a root. Set once, before the promise is shared.
     final var parentAddress: UnsafeMutableRawPointer? {
-        UnsafeMutableRawPointer(bitPattern: parentWord.pointee)
+        UnsafeMutableRawPointer(bitPattern: parentWord.pointee & ParentLink.addressMask)
+    }
+
+    /// Whether this promise keeps its parent alive while a descendant is in flight (see
+    /// `holdPathWhileInFlight`): it has a parent, and that parent is not a root.
+    final var holdsItsParentInFlight: Bool {
+        parentWord.pointee & ParentLink.parentIsRoot == 0 && parentWord.pointee != 0
     }
 
     /// The parent, held from the moment it fires this child until the child's handler has
@@ -145,11 +151,14 @@ public class AnyPromise: @unchecked Sendable {
             // A plain store, through the pointer (no exclusivity check on `core`): nothing
             // else can see this promise yet; the release push that registers it on the
             // parent publishes the word with the rest of it.
-            parentWord.pointee = HeldMemory.hold(parent)
+            let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
+            parentWord.pointee = HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0)
         }
     }
 
     deinit {
+        // Dying in flight (its holder dropped it unsettled): its path needs no holding now.
+        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
         releaseChildLinks()
         // A settled promise has no observers left; without a parent to let go of either,
         // it owns nothing (the common end of a root), and skips the loop's set-up.
@@ -220,12 +229,33 @@ public class AnyPromise: @unchecked Sendable {
     /// stores `error` and publishes. False if it had been claimed already.
     @usableFromInline
     final func settleFailure(_ error: any Error, as outcome: UInt32) -> Bool {
-        guard claim(from: PC_FREE, to: outcome)
-            || (outcome == PC_CANCELLED && claim(from: PC_FOLLOWING, to: PC_CANCELLED))
-        else { return false }
+        settleFailureClaimingFrom(error, as: outcome) != nil
+    }
+
+    /// `settleFailure`, telling which claim it took over: `PC_FREE`, or `PC_FOLLOWING` (a
+    /// cancel of a follower, which must then reach the followee); nil if it lost.
+    final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {
+        let from: UInt32
+        if claim(from: PC_FREE, to: outcome) {
+            from = PC_FREE
+        } else if outcome == PC_CANCELLED && claim(from: PC_FOLLOWING, to: PC_CANCELLED) {
+            from = PC_FOLLOWING
+        } else {
+            return nil
+        }
         failure = error
         publishClaimedOutcome()
-        return true
+        return from
+    }
+
+    /// For a promise that meant to follow `source` and found its claim taken by a
+    /// canceller (before its own claim, or over it before the link was recorded, so the
+    /// canceller could not see `source`): the cancel reaches `source` too, with its reason,
+    /// once published. The claim word, not the published state, decides: a canceller
+    /// publishes after it claims. Rare; an `onCancel` box.
+    final func forwardCancelIfClaimed(to source: AnyPromise) {
+        guard claimHint == UInt(PC_CANCELLED) else { return }
+        onCancel(withReason: { [source] reason in source.cancel(reason: reason) })
     }
 
     /// A promise of the same type as this one, already rejected with
@@ -255,13 +285,13 @@ public class AnyPromise: @unchecked Sendable {
     final func follow(_ source: AnyPromise, parent: AnyPromise) {
         guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
             // Settled first by someone else: a canceller's reason reaches the work too.
-            if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
+            forwardCancelIfClaimed(to: source)
             return
         }
         recordFollowee(source, forwardsCancel: true)
         if wouldWaitOnItself(following: source) {
             rejectAsCycle(parent: parent)
-            if isCancelled { source.cancel(reason: failure ?? CancellationError()) }
+            forwardCancelIfClaimed(to: source)
             return
         }
         linkIntoParentChain(parent: parent)
@@ -270,8 +300,10 @@ public class AnyPromise: @unchecked Sendable {
         // the adoption there runs the check again and records its epoch.
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
             cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
-        } else if isCancelled {
-            source.cancel(reason: failure ?? CancellationError())  // cancelled meanwhile
+        } else {
+            // A canceller that took the claim over before our link was recorded (it reads
+            // the link after its claim; we read the claim after recording, and fenced).
+            forwardCancelIfClaimed(to: source)
         }
     }
 
@@ -386,7 +418,31 @@ public class AnyPromise: @unchecked Sendable {
     final func runContinuationTakingParent() {
         guard let parentRetain = settledParentRetain.take() else { return }
         parentRetain._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
+        if keepParentUntilCascadeEnds(parentRetain) { return }
         parentRetain.release()  // may free the parent, and iteratively the chain above it
+    }
+
+    /// In a cascade of handlers run inline by one settling call (`.immediate` children
+    /// settling their own children), keeps this promise and its hold on `parentRetain`
+    /// until the cascade is over (`pc_defer_late`), then drops both, newest first. So
+    /// while any handler of the cascade runs, every promise the cascade went through is
+    /// alive, and a cancel of an ancestor that someone holds still finds that handler's
+    /// child (through `cancelReasonFromAncestors`, or through the registries of a child
+    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False, doing
+    /// nothing, outside a cascade (a handler run by its context), or when this promise's
+    /// node went on to follow a promise (it is registered there, and the follow holds the
+    /// path itself).
+    ///
+    /// Cost: a retain and release of this promise and two thread-local list operations
+    /// per inline handler; the cascade's promises, which were alive before it started,
+    /// are freed when it ends rather than one by one (no more memory at the peak).
+    final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
+        guard followeeAddress == nil else { return false }
+        nodePointer.pointee.fire = cascadeEndFire
+        guard pc_defer_late(nodePointer) else { return false }
+        settledParentRetain = parentRetain
+        _ = Unmanaged.passRetained(self)  // for the late node, released by `cascadeEndFire`
+        return true
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first

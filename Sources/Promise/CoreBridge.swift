@@ -70,6 +70,8 @@ extension AnyPromise {
     @inlinable
     final func publishClaimedOutcome() {
         pc_publish(corePointer)
+        // A promise that was in flight lets its path go (see `holdPathWhileInFlight`).
+        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
     }
 
     /// The published outcome if this promise has settled, nothing fires it now, and this
@@ -111,7 +113,7 @@ extension AnyPromise {
     }
 
     /// The word holding the followed promise's address, whose memory this promise holds
-    /// (see `followeeIfAlive`), with `FolloweeLink.forwardsCancel` in bit 1.
+    /// (see `FolloweeLink`), with `FolloweeLink.forwardsCancel` in bit 1.
     final var followeeWord: UnsafeMutablePointer<UInt> {
         (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.followee)!)
             .assumingMemoryBound(to: UInt.self)
@@ -132,8 +134,9 @@ extension AnyPromise {
 /// - A reader (`load`) takes the word's lock, calls `swift_tryRetain`, and unlocks: it gets
 ///   a strong reference, or nil if the target has begun dying.
 /// - Whoever knows that the target is dying or is about to be left unguarded clears the
-///   word under the lock (`clear`) before the target's memory can be freed. Each link says
-///   who: `parentIfAlive` and `follow` (AnyPromise.swift), `AggregatorSlot`.
+///   word under the lock (`clear`) before the target's memory can be freed. The one user
+///   left is `AggregatorSlot` (a combinator's input), whose link a dying input clears
+///   (`breakObservers`). Parents and followees are held by memory instead (`HeldMemory`).
 ///
 /// Why that is safe: the target's memory is freed only after its deinit finishes, and its
 /// deinit (or something that outlives the reader's window, as each link explains) clears
@@ -198,6 +201,14 @@ enum HeldMemory {
     }
 }
 
+/// The parent word: the parent's address (its memory held, see `parentIfAlive`), with
+/// `parentIsRoot` in bit 0, so that a child knows without touching the parent whether it
+/// ever holds it (`holdsItsParentInFlight`).
+enum ParentLink {
+    static let parentIsRoot: UInt = 1
+    static let addressMask: UInt = ~UInt(7)
+}
+
 /// The link from a promise to the one it follows (`resolve(with:)`, or a handler that
 /// returned a promise): it holds the followee's memory, not the followee (a followee holds
 /// its followers in its observer list: a strong link back would be a cycle), from the
@@ -258,13 +269,19 @@ extension AnyPromise {
     /// their link, fence, then read the other's; at least one of them sees the other's
     /// link (the fences are ordered one way or the other), so a cycle can never close
     /// unseen. Both may see it: both are then rejected, as they would be anyway.
+    ///
+    /// Not followed: waits through a combinator (a promise that follows `all([it])` waits
+    /// on an aggregate, which is not a follow link); such a loop stays pending.
     final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
         if source === self { return true }
         let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         var current = source
         while true {
             let next: UnsafeMutableRawPointer
-            if current.claimHint == UInt(PC_FOLLOWING), let followee = current.followeeAddress {
+            if current.claimHint == UInt(PC_FOLLOWING) {
+                // Locked in but its link not recorded yet: it waits on nobody we can see,
+                // and its own check, after recording, sees our link (the fences).
+                guard let followee = current.followeeAddress else { return false }
                 next = followee
             } else if let parent = current.parentAddress, current.isPending {
                 next = parent  // a child waits on its parent while it is pending
@@ -313,6 +330,13 @@ func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
+/// The late callback of `keepParentUntilCascadeEnds`: the cascade is over; the promise
+/// lets its parent go, then the late node's retain of it goes.
+func cascadeEndFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
+    promise.settledParentRetain.take()?.release()
+}
+
 // MARK: The first observer, inline in a root
 
 extension AnyPromise {
@@ -338,8 +362,8 @@ extension AnyPromise {
     /// is `.immediate` (a root's already: see `whenComplete`). The node carries no retain:
     /// a promise does not keep itself alive (it would never be freed while pending).
     /// Firing takes one for as long as the observer waits for its context or the
-    /// trampoline; a promise that dies pending skips the node
-    /// (`releaseOwnedLinksIteratively`) and destroys the unrun observer with `continuation`.
+    /// trampoline; a promise that dies pending moves the unrun observer to a box on a
+    /// broken stand-in (`breakObservers`), which runs it with `PromiseError.brokenPromise`.
     ///
     /// `immediate` picks the fire callback, so that firing never looks into the context.
     @usableFromInline
@@ -489,8 +513,12 @@ extension AnyPromise {
     /// once as on any settled promise. So a child runs its error side (`recover` can still
     /// turn the error into a value) and ends rejected, a `whenComplete` or an `await` gets
     /// the failure, a combinator counts a rejected input, a follower is rejected; `onCancel`
-    /// handlers do not run (freeing is not cancelling). Observers on a context fire on it,
-    /// the others on this thread, through the core's trampoline (no recursion).
+    /// handlers do not run (freeing is not cancelling). Observers on a context fire on it;
+    /// `.immediate` ones on this thread, through the core's trampoline (no recursion),
+    /// before the release that dropped the promise returns, as folly's `BrokenPromise`
+    /// callbacks run in the promise's destructor. Such a handler must not touch the
+    /// variable whose assignment dropped the promise (Swift's exclusivity check traps on
+    /// `holder.promise = nil` while a handler reads `holder.promise`).
     ///
     /// No registration can race with this: registering needs a reference to the promise,
     /// and this runs once the last one is gone. A registration made before that is in the
@@ -505,6 +533,11 @@ extension AnyPromise {
             ordered = current
         }
         let standIn = makeBrokenStandIn()
+        // One trampoline scope around the whole list, as a publish has: the observers fire
+        // as one batch, in registration order, and inline handlers run after the loop,
+        // not from inside it. (Inside another scope already, that scope runs them.)
+        let openedScope = standIn.beginInlineObservation() != nil
+        defer { if openedScope { endInlineObservation() } }
         node = ordered
         while let current = node {
             node = current.pointee.next

@@ -45,11 +45,10 @@ extension AnyPromise {
     /// Cancels this promise alone (if pending) and appends to `work` the descendants and
     /// owned work that the cancel must reach next.
     private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
-        let wasFollowing = claimHint == UInt(PC_FOLLOWING)
-        if settleFailure(reason, as: PC_CANCELLED) {
+        if let from = settleFailureClaimingFrom(reason, as: PC_CANCELLED) {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
-            if wasFollowing, let followee = followeeToCancel { work.append(followee) }
+            if from == PC_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
         } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
@@ -214,6 +213,7 @@ extension AnyPromise {
     ///   fired this promise, or its continuation), so reading it needs no lock.
     final func linkIntoParentChain(parent: AnyPromise) {
         guard pc_family_set(corePointer, UInt(PC_FAMILY_LINKED)) else { return }
+        holdPathWhileInFlight()
         parent.addToRegistry(self)
         // The common case ends here, without touching the reference counts: the parent is
         // a root, or linked already (pc_family_set would refuse it anyway).
@@ -291,6 +291,90 @@ extension AnyPromise {
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child
             swift_unownedRelease(AnyPromise.owner(ofFirstObserver: current).toOpaque())
+        }
+    }
+}
+
+// MARK: Holding the path of a descendant in flight
+
+// A cancel reaches a descendant in flight (a handler queued on a context, a follower, a
+// child handed off to be settled later) through the registries of the settled promises
+// between it and the cancelled one. `parent` never keeps a parent alive, so those promises
+// must be kept for as long as the descendant is in flight: a promise in flight holds its
+// parent, and a settled promise holds its own parent while any descendant holds it. The
+// `holds` word counts why (see `pc_holds_add`): the first hold takes a strong reference to
+// the parent, the last drops it, and whoever drops it lets the next level go, in a loop.
+//
+// Roots are never held this way: a root that nobody holds cannot be cancelled, and one
+// that somebody holds is alive anyway. So `root.then(on: queue)` pays nothing, and
+// holding a settled promise keeps nothing above it once nothing below it is in flight.
+//
+// Cost, below a non-root parent: going in flight, a try-retain and one read-modify-write
+// per ancestor whose first hold it is, one CAS at the first ancestor that already holds;
+// settling, a load of the word, and the same walk back. Every publish loads the word once.
+
+extension AnyPromise {
+    /// Called once by a promise going in flight (`linkIntoParentChain`): holds the path up
+    /// until it settles (`publishClaimedOutcome`) or dies (deinit).
+    final func holdPathWhileInFlight() {
+        guard holdsItsParentInFlight else { return }
+        AnyPromise.addHold(UInt(PC_HOLDS_SELF), to: self)
+        // Settled before the publisher could see SELF: one of us drops it (Dekker, see
+        // `pc_holds_add`).
+        if !isPending { dropSelfHold() }
+    }
+
+    /// Drops this promise's own hold, if it still has it.
+    @usableFromInline
+    final func dropSelfHold() {
+        AnyPromise.removeHold(UInt(PC_HOLDS_SELF), from: self)
+    }
+
+    /// Adds `delta` to `start`'s holds; the first hold of a promise takes its parent and
+    /// adds a hold there, and so on up to an ancestor that already holds, or whose parent
+    /// is a root, gone, or absent.
+    private static func addHold(_ delta: UInt, to start: AnyPromise) {
+        var promise = start
+        var delta = delta
+        while promise.holdsItsParentInFlight {
+            if pc_holds_add_if_holding(promise.corePointer, delta) { return }
+            // Maybe the first hold. The parent is taken before counting, so that a last
+            // release that comes after our count in the word's order finds it held by us,
+            // or PC_HOLDS_GONE set if it was dead (it then stays dead).
+            let parent = promise.parentIfAlive
+            if parent == nil { pc_holds_mark_gone(promise.corePointer) }
+            let before = pc_holds_add(promise.corePointer, delta)
+            // Another hold was first (our retain of the parent goes with `parent`), or the
+            // parent is dead: nothing more to hold.
+            guard before == 0, let parent else { return }
+            _ = Unmanaged.passRetained(parent)  // the promise's hold on its parent
+            promise = parent
+            delta = UInt(PC_HOLDS_ONE)
+        }
+    }
+
+    /// Removes `delta` from `start`'s holds; the last hold of a promise lets its parent go
+    /// and removes a hold there, and so on up.
+    private static func removeHold(_ delta: UInt, from start: AnyPromise) {
+        var current = Unmanaged.passUnretained(start)
+        var retainedByHold = false  // `current` is kept by the hold being dropped
+        var delta = delta
+        while true {
+            let up: UnsafeMutableRawPointer? = current._withUnsafeGuaranteedRef { promise in
+                guard promise.holdsItsParentInFlight else { return nil }
+                let before = delta == UInt(PC_HOLDS_SELF)
+                    ? pc_holds_clear_self(promise.corePointer)
+                    : pc_holds_remove_one(promise.corePointer)
+                // Not ours to drop (SELF cleared by the other side), holds left, or the
+                // parent was found dead: the parent is not held by this word any more.
+                guard before == delta else { return nil }
+                return promise.parentAddress
+            }
+            if retainedByHold { current.release() }  // after its word, which we read above
+            guard let up else { return }
+            current = Unmanaged.fromOpaque(up)
+            retainedByHold = true
+            delta = UInt(PC_HOLDS_ONE)
         }
     }
 }

@@ -91,7 +91,7 @@ class WaiterBase: @unchecked Sendable {
     }
 
     /// Registers the waiter on `source`, transferring one retain to its node (balanced in
-    /// `waiterFire`, or in `releaseOwnedLinksIteratively` if `source` dies pending).
+    /// `waiterFire`; if `source` dies pending, its stand-in fires the node: `breakObservers`).
     final func register(on source: AnyPromise) {
         let node = UnsafeMutableRawPointer(statePointer).assumingMemoryBound(to: pc_node.self)  // its first field
         registerNode(node, firingThrough: waiterFire, holding: self, on: source)

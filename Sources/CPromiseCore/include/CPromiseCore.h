@@ -127,6 +127,8 @@ struct pc_promise {
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
     uintptr_t family;   /* atomic: PC_FAMILY_* bits, and from bit 4 up the number of
                            links pushed here (approximate, for pruning) */
+    uintptr_t holds;    /* atomic: PC_HOLDS_* bits and count, why the overlay keeps this
+                           promise's parent alive (see pc_holds_add) */
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
@@ -179,6 +181,14 @@ uintptr_t pc_state(const pc_promise *_Nonnull promise);
 void pc_defer(pc_node *_Nonnull node);
 
 /*
+ * Runs node->fire(node, NULL) on this thread once the current scope's deferred work is
+ * all done, newest first, still before the outermost pc_publish / pc_observe returns; or
+ * returns false, doing nothing, when the thread is in no scope. The overlay keeps the
+ * promises of a cascade of inline handlers alive until the cascade ends this way.
+ */
+bool pc_defer_late(pc_node *_Nonnull node);
+
+/*
  * For an observer that would fire at once (the promise settled and quiescent) and
  * defer itself: lets the caller run it inline instead, with no node. Returns the
  * outcome (acquire: its value is visible) and opens a trampoline scope, if this thread
@@ -224,6 +234,40 @@ bool pc_family_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
 /* The family word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
 uintptr_t pc_family(const pc_promise *_Nonnull promise);
+
+/*
+ * The holds word: what keeps a settled promise's parent alive while a descendant is still
+ * in flight, so that a cancel from above can still reach that descendant through the
+ * registries on its path. The overlay decides what a hold is (a strong reference to the
+ * parent, taken on the first hold and dropped with the last); this word only counts:
+ * PC_HOLDS_SELF is the promise's own hold while it is in flight itself (set once, cleared
+ * once by pc_holds_clear_self), each PC_HOLDS_ONE a descendant's, and PC_HOLDS_GONE says
+ * the parent was found dead, so there is nothing to hold any more. Every operation is a
+ * full barrier: a promise that sets SELF and then reads its state pairs with the publisher
+ * that CASes the state and then reads this word (Dekker: one of them sees the other).
+ */
+#define PC_HOLDS_SELF 1u
+#define PC_HOLDS_GONE 2u
+#define PC_HOLDS_ONE 4u
+
+/* Adds `delta` only if the word already holds something; true if it did (no transition). */
+bool pc_holds_add_if_holding(pc_promise *_Nonnull promise, uintptr_t delta);
+
+/* Adds `delta` (PC_HOLDS_SELF or PC_HOLDS_ONE) and returns the word before. */
+uintptr_t pc_holds_add(pc_promise *_Nonnull promise, uintptr_t delta);
+
+/* Removes one PC_HOLDS_ONE and returns the word before. Aborts on underflow. */
+uintptr_t pc_holds_remove_one(pc_promise *_Nonnull promise);
+
+/* Clears PC_HOLDS_SELF if it is set and returns the word before (SELF set in it: this
+ * call cleared it). */
+uintptr_t pc_holds_clear_self(pc_promise *_Nonnull promise);
+
+/* Sets PC_HOLDS_GONE (the parent was found dead: it stays dead). */
+void pc_holds_mark_gone(pc_promise *_Nonnull promise);
+
+/* The holds word (acquire). */
+uintptr_t pc_holds(const pc_promise *_Nonnull promise);
 
 /*
  * The forwarding epoch: one process-wide word that brackets every cancel forwarded through
