@@ -92,6 +92,20 @@ public class AnyPromise: @unchecked Sendable {
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs, or released with the promise if it never does.
     @exclusivity(unchecked) final var continuation: Continuation?
+    // The one-byte fields sit here, in the padding after `continuation` (33 bytes), not
+    // at the end: declared last they would cost a word of their own, and the object
+    // would cross into glibc's next chunk size (256 -> 272 bytes).
+    @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
+    /// Set (and read) by the thread firing this child when it sent the handler's error side
+    /// to the context because the parent was cancelled.
+    @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
+    /// Set by `storeValue` (specialised, so a constant per type) when the stored value
+    /// needs destroying: the deinit, which runs unspecialised, then skips the generic
+    /// layout queries for the common trivial values.
+    @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
+    /// No parent: `continuation` and `context` are free for the first `whenComplete`
+    /// (see `claimFirstObserverSlot`).
+    @usableFromInline final let isRoot: Bool
     /// Where `continuation` runs. `.immediate` (also the value of roots, which never run
     /// a continuation) is never called: such handlers run inline through the core's
     /// trampoline. Not an optional with nil for `.immediate`: copying or destroying an
@@ -117,14 +131,6 @@ public class AnyPromise: @unchecked Sendable {
             return taken
         }
     }
-    @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
-    /// Set (and read) by the thread firing this child when it sent the handler's error side
-    /// to the context because the parent was cancelled.
-    @usableFromInline @exclusivity(unchecked) final var errorSideDispatched = false
-    /// Set by `storeValue` (specialised, so a constant per type) when the stored value
-    /// needs destroying: the deinit, which runs unspecialised, then skips the generic
-    /// layout queries for the common trivial values.
-    @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
 
     /// The reason of a cancel forwarded through this promise after it had settled; written
     /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
@@ -135,10 +141,6 @@ public class AnyPromise: @unchecked Sendable {
     /// `AncestorCheck.unverified` if it never checked, `.noAncestors` for a root. Written by
     /// the claim winner before it publishes; read by descendants after they saw it settled.
     @usableFromInline @exclusivity(unchecked) final var verifiedEpoch: UInt
-
-    /// No parent: `continuation` and `context` are free for the first `whenComplete`
-    /// (see `claimFirstObserverSlot`).
-    @usableFromInline final let isRoot: Bool
 
     /// `parent` is borrowed from the caller, which holds it (`Unmanaged`, so that reading
     /// it costs no retain and release).
