@@ -65,13 +65,13 @@ final class Aggregator: @unchecked Sendable {
             let node = UnsafeMutableRawPointer(slot).assumingMemoryBound(to: pc_node.self)
             node.pointee.fire = aggregatorSlotFire
             _ = Unmanaged.passRetained(self)
-            pc_observe(input.corePointer, node)
+            observe(input, with: node)
         }
     }
 
     /// True for the call that brings the countdown to zero (and so finishes).
     func countDown() -> Bool {
-        pc_count_down(remaining) == 0
+        countDownReachesZero(remaining)
     }
 
     /// The input at `index`, once it has settled (read after `countDown()` returned true,

@@ -146,6 +146,7 @@ public class AnyPromise: @unchecked Sendable {
     /// it costs no retain and release).
     @usableFromInline
     init(parent: Unmanaged<AnyPromise>?) {
+        assert(CoreLayout.headerChecked)  // debug builds: the object layout CoreLayout assumes
         isRoot = parent == nil
         verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
         if let parent {
@@ -160,7 +161,7 @@ public class AnyPromise: @unchecked Sendable {
 
     deinit {
         // Dying in flight (its holder dropped it unsettled): its path needs no holding now.
-        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
+        if holdsWord & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
         releaseChildLinks()
         // A settled promise has no observers left; without a parent to let go of either,
         // it owns nothing (the common end of a root), and skips the loop's set-up.
@@ -441,7 +442,7 @@ public class AnyPromise: @unchecked Sendable {
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         guard followeeAddress == nil else { return false }
         nodePointer.pointee.fire = cascadeEndFire
-        guard pc_defer_late(nodePointer) else { return false }
+        guard deferUntilCascadeEnds() else { return false }
         settledParentRetain = parentRetain
         _ = Unmanaged.passRetained(self)  // for the late node, released by `cascadeEndFire`
         return true

@@ -1,26 +1,12 @@
 import CPromiseCore
-import CSwiftRuntime
 
 // Every call into the C core, and every retain or release that crosses it, is in this
-// file (swift-system's Syscalls.swift is the model). Ownership rule: a node that is
-// registered (pc_observe) or deferred (pc_defer) carries one retain of the object that
-// embeds it; whoever receives the node back in a fire callback owns that retain.
+// file (swift-system's Syscalls.swift is the model); calls into the Swift runtime are in
+// RuntimeBridge.swift. Ownership rule: a node that is registered (pc_observe) or deferred
+// (pc_defer) carries one retain of the object that embeds it; whoever receives the node
+// back in a fire callback owns that retain.
 
-/// Where the C state sits inside objects: the first stored property follows the Swift
-/// runtime's object header (metadata pointer + reference counts, two words on every
-/// platform Swift supports), as `_getUnsafePointerToStoredProperties` computes it.
-@usableFromInline
-enum CoreLayout {
-    @inlinable
-    static var headerSize: Int { 2 * MemoryLayout<UnsafeRawPointer>.size }
-
-    /// The object whose first stored property is `node` (an `ObserverBox`, a
-    /// `WaiterBase`), not retained.
-    @inlinable
-    static func owner<Object: AnyObject>(ofFirstField node: UnsafeMutablePointer<pc_node>, as type: Object.Type) -> Unmanaged<Object> {
-        Unmanaged.fromOpaque(UnsafeRawPointer(node) - headerSize)
-    }
-
+extension CoreLayout {
     /// Offset of the promise's own node inside its `pc_promise`.
     @inlinable
     static var nodeOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.node)! }
@@ -160,7 +146,7 @@ enum UnownedLink {
         let seen = pc_word_lock(word)
         // swift_tryRetain (CSwiftRuntime): retains unless the count already reached zero,
         // in one CAS on the count word, which also holds the deiniting flag.
-        let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { swift_tryRetain($0) }
+        let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { SwiftRuntime.tryRetain($0) }
         pc_word_unlock(word, seen)
         // Balances swift_tryRetain's retain.
         return retained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
@@ -184,7 +170,7 @@ enum UnownedLink {
 enum HeldMemory {
     /// Holds `promise`'s memory; returns its address, for `promiseIfAlive` and `release`.
     static func hold(_ promise: Unmanaged<AnyPromise>) -> UInt {
-        UInt(bitPattern: swift_unownedRetain(promise.toOpaque()))
+        { SwiftRuntime.unownedRetain(promise.toOpaque()); return UInt(bitPattern: promise.toOpaque()) }()
     }
 
     /// The promise at `address` (whose memory the caller holds), retained, or nil once it
@@ -192,12 +178,12 @@ enum HeldMemory {
     /// deiniting flag, so it cannot succeed on a promise whose deinit has started.
     static func promiseIfAlive(at address: UnsafeMutableRawPointer) -> AnyPromise? {
         // Balances swift_tryRetain's retain.
-        swift_tryRetain(address).map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
+        SwiftRuntime.tryRetain(address).map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
     }
 
     /// Drops a hold; the last one frees the memory of a promise that has died.
     static func release(_ address: UnsafeMutableRawPointer) {
-        swift_unownedRelease(address)
+        SwiftRuntime.unownedRelease(address)
     }
 }
 
@@ -478,7 +464,7 @@ extension AnyPromise {
         func release(_ owned: Unmanaged<AnyPromise>) {
             // The runtime's check on the reference itself: `isKnownUniquelyReferenced` needs
             // a strong variable, a retain and a release per promise of a dying chain.
-            guard swift_isUniquelyReferenced_nonNull_native(owned.toOpaque()) else {
+            guard SwiftRuntime.isUniquelyReferenced(owned.toOpaque()) else {
                 owned.release()
                 return
             }
@@ -555,4 +541,80 @@ extension AnyPromise {
             pc_observe(standIn.corePointer, current)  // the node's retain goes with it
         }
     }
+}
+
+// MARK: The family flags, the registry, the forwarding epoch and the holds word
+
+/// The bits of a promise's `family` word (see `CPromiseCore.h`).
+@usableFromInline
+enum FamilyFlag {
+    @inlinable static var linked: UInt { UInt(PC_FAMILY_LINKED) }
+    @inlinable static var cancelClaimed: UInt { UInt(PC_FAMILY_CANCEL_CLAIMED) }
+    @inlinable static var cancelPublished: UInt { UInt(PC_FAMILY_CANCEL_PUBLISHED) }
+}
+
+extension AnyPromise {
+    /// The family word (acquire: a `cancelPublished` seen makes the stored reason visible).
+    @inlinable
+    final var familyFlags: UInt { pc_family(corePointer) }
+
+    /// Sets `flag`; true for the one call that set it (full barrier, see `pc_family_set`).
+    final func setFamilyFlag(_ flag: UInt) -> Bool {
+        pc_family_set(corePointer, flag)
+    }
+
+    /// Pushes `child`'s spare node onto this promise's registry; the number of links
+    /// pushed so far (approximate, for pruning).
+    final func registryPush(_ link: UnsafeMutablePointer<pc_node>) -> UInt {
+        pc_children_push(corePointer, link)
+    }
+
+    /// Takes the whole registry (newest first); the caller owns the links.
+    final func registryTake() -> UnsafeMutablePointer<pc_node>? {
+        pc_children_take(corePointer)
+    }
+
+    /// Lowers the registry's link count after `count` links were dropped.
+    final func registryForget(_ count: UInt) {
+        pc_children_forget(corePointer, count)
+    }
+
+    /// The holds word (see `holdPathWhileInFlight`).
+    final var holdsWord: UInt { pc_holds(corePointer) }
+    final func holdsAddIfHolding(_ delta: UInt) -> Bool { pc_holds_add_if_holding(corePointer, delta) }
+    final func holdsAdd(_ delta: UInt) -> UInt { pc_holds_add(corePointer, delta) }
+    final func holdsRemoveOne() -> UInt { pc_holds_remove_one(corePointer) }
+    final func holdsClearSelf() -> UInt { pc_holds_clear_self(corePointer) }
+    final func holdsMarkGone() { pc_holds_mark_gone(corePointer) }
+
+    /// Runs the node's fire callback once the current cascade is over; false outside one.
+    final func deferUntilCascadeEnds() -> Bool {
+        pc_defer_late(nodePointer)
+    }
+}
+
+/// The process-wide forwarding epoch (see `pc_forwarding_epoch`).
+enum ForwardingEpoch {
+    static func begin() { pc_forwarding_begin() }
+    static func end() { pc_forwarding_end() }
+    /// Read after the claim CAS (acquire).
+    static var current: UInt { pc_forwarding_epoch() }
+}
+
+// MARK: The combinators' and waiters' helpers
+
+/// Lowers a countdown word; true for the call that reaches zero (`pc_count_down`).
+func countDownReachesZero(_ counter: UnsafeMutablePointer<UInt>) -> Bool {
+    pc_count_down(counter) == 0
+}
+
+/// A one-shot election (`pc_once`): true for the one caller that set the flag.
+func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
+    pc_once(flag)
+}
+
+/// Registers a raw node (an aggregator slot's) on `promise`; the caller set its fire
+/// callback and transferred whatever the node carries.
+func observe(_ promise: AnyPromise, with node: UnsafeMutablePointer<pc_node>) {
+    pc_observe(promise.corePointer, node)
 }

@@ -1,5 +1,4 @@
 import CPromiseCore
-import CSwiftRuntime
 
 extension AnyPromise {
     /// Cancels the promise and every descendant that is still pending.
@@ -49,14 +48,14 @@ extension AnyPromise {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
             if from == PC_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
-        } else if !isCancelled, pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_CLAIMED)) {
+        } else if !isCancelled, setFamilyFlag(FamilyFlag.cancelClaimed) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
             // running) see it when they claim (`cancelReasonFromAncestors`).
-            pc_forwarding_begin()
+            ForwardingEpoch.begin()
             forwardedCancelReason = reason
-            _ = pc_family_set(corePointer, UInt(PC_FAMILY_CANCEL_PUBLISHED))
-            pc_forwarding_end()
+            _ = setFamilyFlag(FamilyFlag.cancelPublished)
+            ForwardingEpoch.end()
         }
         forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
     }
@@ -65,7 +64,7 @@ extension AnyPromise {
     /// cancelled, or that of a cancel forwarded through it after it settled; nil if none.
     final var cancelReasonForDescendants: (any Error)? {
         if publishedTag == UInt(PC_CANCELLED) { return failure ?? CancellationError() }
-        guard pc_family(corePointer) & UInt(PC_FAMILY_CANCEL_PUBLISHED) != 0 else { return nil }
+        guard familyFlags & FamilyFlag.cancelPublished != 0 else { return nil }
         return forwardedCancelReason
     }
 
@@ -95,7 +94,7 @@ extension AnyPromise {
     /// would make an owned copy, a retain and a release on every handler's claim).
     final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS (a full barrier), so the load cannot move above it.
-        let epoch = UInt(pc_forwarding_epoch())
+        let epoch = ForwardingEpoch.current
         let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
         // The common case, without touching reference counts (the caller holds the
         // parent): no cancel on the parent, and it verified this epoch.
@@ -129,7 +128,7 @@ extension AnyPromise {
     /// Whether `cancelReasonForDescendants` is non-nil, without building the error.
     @inlinable
     final var carriesCancelForDescendants: Bool {
-        publishedTag == UInt(PC_CANCELLED) || pc_family(corePointer) & UInt(PC_FAMILY_CANCEL_PUBLISHED) != 0
+        publishedTag == UInt(PC_CANCELLED) || familyFlags & FamilyFlag.cancelPublished != 0
     }
 
     /// `reject` for a handler settling its child (see `fulfillFromHandler`).
@@ -212,12 +211,12 @@ extension AnyPromise {
     /// - Parameter parent: this promise's parent, which the caller holds (the thread that
     ///   fired this promise, or its continuation), so reading it needs no lock.
     final func linkIntoParentChain(parent: AnyPromise) {
-        guard pc_family_set(corePointer, UInt(PC_FAMILY_LINKED)) else { return }
+        guard setFamilyFlag(FamilyFlag.linked) else { return }
         holdPathWhileInFlight()
         parent.addToRegistry(self)
         // The common case ends here, without touching the reference counts: the parent is
         // a root, or linked already (pc_family_set would refuse it anyway).
-        if parent.isRoot || pc_family(parent.corePointer) & UInt(PC_FAMILY_LINKED) != 0 { return }
+        if parent.isRoot || parent.familyFlags & FamilyFlag.linked != 0 { return }
         AnyPromise.linkAncestors(from: parent)
     }
 
@@ -225,9 +224,9 @@ extension AnyPromise {
     @inline(never)
     private static func linkAncestors(from start: AnyPromise) {
         var promise = start
-        while let up = promise.parentIfAlive, pc_family_set(promise.corePointer, UInt(PC_FAMILY_LINKED)) {
+        while let up = promise.parentIfAlive, promise.setFamilyFlag(FamilyFlag.linked) {
             up.addToRegistry(promise)
-            if up.isRoot || pc_family(up.corePointer) & UInt(PC_FAMILY_LINKED) != 0 { return }
+            if up.isRoot || up.familyFlags & FamilyFlag.linked != 0 { return }
             promise = up
         }
     }
@@ -238,8 +237,8 @@ extension AnyPromise {
         // A root's first_observer node is its first observer's, and a root is never linked.
         assert(!child.isRoot, "a root has no parent registry to be linked into")
         let childPointer = Unmanaged.passUnretained(child).toOpaque()
-        swift_unownedRetain(childPointer)  // the registry's hold on the child's memory
-        let count = pc_children_push(corePointer, child.firstObserverPointer)
+        SwiftRuntime.unownedRetain(childPointer)  // the registry's hold on the child's memory
+        let count = registryPush(child.firstObserverPointer)
         if count >= 32, count & (count - 1) == 0 {
             forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
         }
@@ -254,7 +253,7 @@ extension AnyPromise {
     /// the links were out of the registry (so its own walk found nothing) is applied to
     /// them here; a canceller's own walk passes false, having queued them already.
     final func forEachLinkedChild(reapplyingCancel: Bool, _ body: (AnyPromise) -> Void) {
-        var node = pc_children_take(corePointer)
+        var node = registryTake()
         guard node != nil else { return }
         var taken: UInt = 0
         var kept: [UnsafeMutablePointer<pc_node>] = []
@@ -267,19 +266,19 @@ extension AnyPromise {
             // We own the registry's unowned count of the child until we push it back, so
             // its memory is there to try.
             let childPointer = AnyPromise.owner(ofFirstObserver: current).toOpaque()
-            if let retained = swift_tryRetain(childPointer) {
+            if let retained = SwiftRuntime.tryRetain(childPointer) {
                 let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
                 body(child)
                 kept.append(current)
                 if reapplyingCancel { live.append(child) }
                 continue
             }
-            swift_unownedRelease(childPointer)  // the child died: prune (its memory goes after its deinit)
+            SwiftRuntime.unownedRelease(childPointer)  // the child died: prune (its memory goes after its deinit)
         }
         for link in kept.reversed() {
-            _ = pc_children_push(corePointer, link)
+            _ = registryPush(link)
         }
-        pc_children_forget(corePointer, taken)
+        registryForget(taken)
         if reapplyingCancel, !live.isEmpty, let reason = cancelReasonForDescendants {
             for child in live { child.cancel(reason: reason) }
         }
@@ -287,10 +286,10 @@ extension AnyPromise {
 
     /// Drops the registry's hold on its children's memory (deinit only).
     final func releaseChildLinks() {
-        var node = pc_children_take(corePointer)
+        var node = registryTake()
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child
-            swift_unownedRelease(AnyPromise.owner(ofFirstObserver: current).toOpaque())
+            SwiftRuntime.unownedRelease(AnyPromise.owner(ofFirstObserver: current).toOpaque())
         }
     }
 }
@@ -337,13 +336,13 @@ extension AnyPromise {
         var promise = start
         var delta = delta
         while promise.holdsItsParentInFlight {
-            if pc_holds_add_if_holding(promise.corePointer, delta) { return }
+            if promise.holdsAddIfHolding(delta) { return }
             // Maybe the first hold. The parent is taken before counting, so that a last
             // release that comes after our count in the word's order finds it held by us,
             // or PC_HOLDS_GONE set if it was dead (it then stays dead).
             let parent = promise.parentIfAlive
-            if parent == nil { pc_holds_mark_gone(promise.corePointer) }
-            let before = pc_holds_add(promise.corePointer, delta)
+            if parent == nil { promise.holdsMarkGone() }
+            let before = promise.holdsAdd(delta)
             // Another hold was first (our retain of the parent goes with `parent`), or the
             // parent is dead: nothing more to hold.
             guard before == 0, let parent else { return }
@@ -363,8 +362,8 @@ extension AnyPromise {
             let up: UnsafeMutableRawPointer? = current._withUnsafeGuaranteedRef { promise in
                 guard promise.holdsItsParentInFlight else { return nil }
                 let before = delta == UInt(PC_HOLDS_SELF)
-                    ? pc_holds_clear_self(promise.corePointer)
-                    : pc_holds_remove_one(promise.corePointer)
+                    ? promise.holdsClearSelf()
+                    : promise.holdsRemoveOne()
                 // Not ours to drop (SELF cleared by the other side), holds left, or the
                 // parent was found dead: the parent is not held by this word any more.
                 guard before == delta else { return nil }

@@ -116,7 +116,7 @@ final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
 
     /// The outcome or the cancellation: the first one decides, later ones are dropped.
     func decide(_ result: Result<Value, any Error>) {
-        guard pc_once(&statePointer.pointee.decided) else { return }
+        guard electOnce(&statePointer.pointee.decided) else { return }
         outcome = result
         arrive()
     }
@@ -124,7 +124,7 @@ final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
     /// One of the two things a resume waits for is done; the second one resumes. The
     /// countdown's full barrier makes the other side's write visible here.
     func arrive() {
-        guard pc_count_down(&statePointer.pointee.remaining) == 0 else { return }
+        guard countDownReachesZero(&statePointer.pointee.remaining) else { return }
         continuation.unsafelyUnwrapped.resume(returning: outcome.unsafelyUnwrapped)
     }
 }
