@@ -11,7 +11,7 @@ CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
 # Swift warnings are errors; C warnings (-Wall -Wextra) too.
 SWIFT_FLAGS := -Xswiftc -warnings-as-errors -Xcc -Wall -Xcc -Wextra -Xcc -Werror
 
-.PHONY: all deps build test test-core test-swift demo clean help
+.PHONY: all deps build test test-core test-core-32 test-swift demo clean help
 
 all: build
 
@@ -22,6 +22,7 @@ help:
 	@echo "make deps       install libatomic-ops-dev if atomic_ops.h is missing"
 	@echo "make build      build the library (warnings are errors)"
 	@echo "make test       C core tests + swift test + public API check"
+	@echo "make test-core-32  the C core and its tests as a 32-bit program (installs libc6-dev-i386)"
 	@echo "make integration  build and run IntegrationTests/Consumer (an outside package, warnings as errors)"
 	@echo "make api-check  compare the public API with Scripts/public-api.txt (make api-update rewrites it)"
 	@echo "make demo       run the demo program (Examples/)"
@@ -77,3 +78,22 @@ demo: deps
 clean:
 	@echo "==> clean"
 	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build .build-api
+
+# ---- 32-bit targets (watchOS's arm64_32 among them) ---------------------------------------
+
+CLANG ?= clang
+
+test-core-32: deps
+	@echo "==> test-core-32: the C core and its tests built and run as a 32-bit (i386) program"
+	@if ! echo '#include <stdint.h>' | $(CLANG) -m32 -E -x c - >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			echo "    no 32-bit C library headers: installing libc6-dev-i386 with apt-get"; \
+			SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+			$$SUDO apt-get update -q && $$SUDO apt-get install -y -q libc6-dev-i386; \
+		else \
+			echo "    no 32-bit C library headers, and no apt-get: install them by hand" >&2; exit 1; \
+		fi; \
+	fi
+	@mkdir -p $(BUILD_DIR)
+	$(CLANG) -m32 $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $(BUILD_DIR)/core_test_32
+	$(BUILD_DIR)/core_test_32
