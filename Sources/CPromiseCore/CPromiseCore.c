@@ -19,6 +19,8 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
+/* Fourteen words on 64- and 32-bit targets alike: on 32-bit ones the two nodes' 8-byte
+ * alignment falls on even words, so no padding (make test-core-32 builds it so). */
 _Static_assert(sizeof(pc_promise) == 14 * sizeof(void *), "pc_promise is fourteen words");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
