@@ -56,7 +56,7 @@ build: deps
 	@echo "==> build: swift build (warnings as errors)"
 	$(SWIFT) build $(SWIFT_FLAGS)
 
-$(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(CORE_INC)/CPromiseCore.h | deps
+$(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 

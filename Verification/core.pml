@@ -8,12 +8,12 @@
  *   (default)       the observer protocol of one promise: the state word, CAS push of
  *                   observers (pc_observe), the claim CAS electing one settler among
  *                   fulfil / reject / cancel / follow (pc_claim), publish-and-take with
- *                   PC_FIRING and the late-registration loop (pc_publish), reversal and
+ *                   PC_STATE_FIRING and the late-registration loop (pc_publish), reversal and
  *                   firing (pc_fire_in_order), registration that finds the promise settled
  *                   and fires itself (pc_observe), registration from inside a fire
  *                   callback.
  *   -DREGISTRY      the cancellation registry of one settled promise (pc_children_push,
- *                   pc_children_take, pc_family_set, pc_family) as the Swift layer drives it
+ *                   pc_children_take, pc_tree_flags_set, pc_tree_flags) as the Swift layer drives it
  *                   (AnyPromise.cancelOne, linkIntoParentChain, forEachLinkedChild): one
  *                   or two cancellers against children that push links, possibly pruning
  *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it).
@@ -27,11 +27,11 @@
  *   -DBROKEN_PLAIN_STORE   pc_observe pushes with a plain load + store instead of the CAS:
  *                          it does not re-check the word it read before writing it.
  *   -DBROKEN_IGNORE_FIRING pc_observe fires itself as soon as it sees an outcome tag,
- *                          ignoring PC_FIRING.
+ *                          ignoring PC_STATE_FIRING.
  *   -DBROKEN_STALE_RETRY   pc_observe retries a failed CAS without reloading the word
  *                          (a livelock: only the liveness run can see it).
  *   -DREGISTRY -DBROKEN_DEKKER
- *                          a child reads the family word before its push is visible (what
+ *                          a child reads the tree_flags word before its push is visible (what
  *                          the StoreLoad reordering allows if pc_children_push's full
  *                          fetch-add were not a full barrier).
  *
@@ -52,17 +52,17 @@
  *
  * Words are integers: a node is a small id (1..), NULL is 0, and a state word is
  * head * 8 + tags, as in the C code, where nodes are 8-byte aligned and the low three
- * bits are PC_OUTCOME_MASK (3) and PC_FIRING (4).
+ * bits are PC_OUTCOME_MASK (3) and PC_STATE_FIRING (4).
  */
 
 #define PENDING   0   /* PC_PENDING */
 #define FULFILLED 1   /* PC_FULFILLED */
 #define REJECTED  2   /* PC_REJECTED */
 #define CANCELLED 3   /* PC_CANCELLED */
-#define FOLLOWING 4   /* PC_FOLLOWING (claim word only) */
-#define FREE      0   /* PC_FREE (claim word only) */
+#define FOLLOWING 4   /* PC_CLAIM_FOLLOWING (claim word only) */
+#define FREE      0   /* PC_CLAIM_FREE (claim word only) */
 #define OUTCOME_MASK 3  /* PC_OUTCOME_MASK */
-#define FIRING    4   /* PC_FIRING */
+#define FIRING    4   /* PC_STATE_FIRING */
 #define TAG_MASK  7   /* PC_TAG_MASK */
 
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
@@ -76,7 +76,7 @@
  *   A registers nodes 1 then 2, in sequence (its own registration order must be kept);
  *   B registers node 3; C registers node 4.
  *   The fire callback of node 1 registers node 5 (R) on the same promise, from whatever
- *   thread fires node 1: the publisher while PC_FIRING is set, or A itself.
+ *   thread fires node 1: the publisher while PC_STATE_FIRING is set, or A itself.
  * Settlers (racing resolvers, Promise.fulfill / reject / cancel / resolve(with:)):
  *   fulfil:  pc_claim(FREE -> FULFILLED)
  *   reject:  pc_claim(FREE -> REJECTED)
@@ -403,18 +403,18 @@ ltl all_fire { <> ALL_FIRED }
  * Model 2: the cancellation registry of one promise P that settled (fulfilled).
  *
  * Canceller (AnyPromise.cancelOne(P) + the cancel work loop): settleFailure fails (P is
- * fulfilled, not cancelled), pc_family_set(P, CANCEL_CLAIMED) wins, it stores the reason
- * (forwardedCancelReason), pc_family_set(P, CANCEL_PUBLISHED), then
+ * fulfilled, not cancelled), pc_tree_flags_set(P, CANCEL_CLAIMED) wins, it stores the reason
+ * (forwardedCancelReason), pc_tree_flags_set(P, CANCEL_PUBLISHED), then
  * forEachLinkedChild(reapplyingCancel: false): pc_children_take, queue every live child,
  * push the links back, and cancel the queued children.
  * Children 1..NCHILD (AnyPromise.linkIntoParentChain, in sourceDidSettle): each pushes
  * its link (pc_children_push), may prune (forEachLinkedChild(reapplyingCancel: true),
  * which addChildLink runs when the count hits a power of two: any push may here), then
- * reads P's family word and cancels itself if CANCEL_PUBLISHED is set; otherwise its
+ * reads P's tree_flags word and cancels itself if CANCEL_PUBLISHED is set; otherwise its
  * continuation runs and fulfils it (unless a cancel got there first).
  *
  * A child's cancel (AnyPromise.cancelOne(child)): settleFailure = pc_claim(child,
- * FREE -> CANCELLED); failing that, if the child is not cancelled, pc_family_set(child,
+ * FREE -> CANCELLED); failing that, if the child is not cancelled, pc_tree_flags_set(child,
  * CANCEL_CLAIMED) for a settled child. Links are the children's ids.
  * ====================================================================================== */
 
@@ -427,16 +427,16 @@ ltl all_fire { <> ALL_FIRED }
 #ifndef NCANCEL
 #define NCANCEL 1    /* cancellers of P */
 #endif
-#define CLAIMED   2  /* PC_FAMILY_CANCEL_CLAIMED */
-#define PUBLISHED 4  /* PC_FAMILY_CANCEL_PUBLISHED */
+#define CLAIMED   2  /* PC_TREE_CANCEL_CLAIMED */
+#define PUBLISHED 4  /* PC_TREE_CANCEL_PUBLISHED */
 
 byte children = 0;           /* P.children: head of the link stack (0: NULL) */
 byte lnext[NCHILD + 1];      /* link->next */
-byte family = 0;             /* P.family: CANCEL_CLAIMED | CANCEL_PUBLISHED (LINKED and the
+byte tree_flags = 0;             /* P.tree_flags: CANCEL_CLAIMED | CANCEL_PUBLISHED (LINKED and the
                                 count from bit 4 up are pruning bookkeeping: not modelled) */
 byte reason = 0;             /* P.forwardedCancelReason (0: none stored) */
 byte cclaim[NCHILD + 1];     /* each child's claim word */
-byte cfamily[NCHILD + 1];    /* each child's family word (CANCEL_CLAIMED) */
+byte ctree_flags[NCHILD + 1];    /* each child's tree_flags word (CANCEL_CLAIMED) */
 
 /* Ghost state, for the properties only. */
 bit  pushed[NCHILD + 1];     /* the child's own link push happened */
@@ -465,8 +465,8 @@ inline pc_children_push(link) {
        fi
     od;
     seen = 0; ok = false
-    /* AO_fetch_and_add_full(&family, PC_COUNT_ONE): the count is not modelled; its
-     * StoreLoad barrier orders the push before the pusher's next pc_family load, which
+    /* AO_fetch_and_add_full(&tree_flags, PC_COUNT_ONE): the count is not modelled; its
+     * StoreLoad barrier orders the push before the pusher's next pc_tree_flags load, which
      * sequential consistency gives every step of the model. */
 }
 
@@ -499,20 +499,20 @@ inline pc_children_take(list) {
     seen = 0; ok = false
 }
 
-/* bool pc_family_set(promise, bit): CAS loop (full) that sets `bit`; true for the one
+/* bool pc_tree_flags_set(promise, bit): CAS loop (full) that sets `bit`; true for the one
  * call that set it. */
-inline pc_family_set(bitv, won) {
-    seen = family;                                  /* seen = AO_load(&family) */
+inline pc_tree_flags_set(bitv, won) {
+    seen = tree_flags;                                  /* seen = AO_load(&tree_flags) */
     won = false;
     do
     :: (seen & bitv) != 0 -> break                  /* set by somebody else: false */
     :: else ->
         d_step {
             if
-            :: family == seen ->
-                printf("%d: pc_family_set(%d): family %d -> %d\n", _pid, bitv, seen, seen | bitv);
-                family = seen | bitv; won = true
-            :: else -> seen = family
+            :: tree_flags == seen ->
+                printf("%d: pc_tree_flags_set(%d): tree_flags %d -> %d\n", _pid, bitv, seen, seen | bitv);
+                tree_flags = seen | bitv; won = true
+            :: else -> seen = tree_flags
             fi
         };
         if
@@ -537,15 +537,15 @@ inline cancel_child(c) {
         :: else -> done = false
         fi
     };
-    /* else if !isCancelled, pc_family_set(child, CANCEL_CLAIMED) (the claim is settled
+    /* else if !isCancelled, pc_tree_flags_set(child, CANCEL_CLAIMED) (the claim is settled
      * and stays so: isCancelled and the CAS are one step here) */
     if
     :: !done ->
         d_step {
             if
-            :: cclaim[c] != CANCELLED && (cfamily[c] & CLAIMED) == 0 ->
+            :: cclaim[c] != CANCELLED && (ctree_flags[c] & CLAIMED) == 0 ->
                 assert(!forwarded[c]);              /* a settled child is forwarded once */
-                cfamily[c] = cfamily[c] | CLAIMED; forwarded[c] = 1
+                ctree_flags[c] = ctree_flags[c] | CLAIMED; forwarded[c] = 1
             :: else
             fi
         }
@@ -588,7 +588,7 @@ inline for_each_linked_child(reapplying, byCanceller) {
     /* pc_children_forget(taken): bookkeeping only.
      * if reapplyingCancel, !kept.isEmpty, let reason = cancelReasonForDescendants */
     if
-    :: reapplying && kept != 0 && (family & PUBLISHED) != 0 ->
+    :: reapplying && kept != 0 && (tree_flags & PUBLISHED) != 0 ->
         assert(reason != 0);                        /* the reason is visible */
         c = 1;
         do
@@ -614,12 +614,12 @@ inline for_each_linked_child(reapplying, byCanceller) {
 proctype Canceller() {
     REGISTRY_LOCALS;
     /* settleFailure(P) fails (P is fulfilled); !isCancelled;
-     * pc_family_set(P, CANCEL_CLAIMED) */
-    pc_family_set(CLAIMED, won);
+     * pc_tree_flags_set(P, CANCEL_CLAIMED) */
+    pc_tree_flags_set(CLAIMED, won);
     if
     :: won ->
         reason = 1;                                 /* forwardedCancelReason = reason */
-        pc_family_set(PUBLISHED, won);              /* pc_family_set(P, CANCEL_PUBLISHED) */
+        pc_tree_flags_set(PUBLISHED, won);              /* pc_tree_flags_set(P, CANCEL_PUBLISHED) */
         assert(won)
     :: else
     fi;
@@ -644,10 +644,10 @@ proctype Canceller() {
 proctype Child(byte me) {
     REGISTRY_LOCALS;
 #ifdef BROKEN_DEKKER
-    /* BROKEN: the pc_family load is satisfied before the push below is visible */
+    /* BROKEN: the pc_tree_flags load is satisfied before the push below is visible */
     d_step {
-        done = ((family & PUBLISHED) != 0);
-        printf("%d: child %d reads pc_family (early): %d\n", _pid, me, family)
+        done = ((tree_flags & PUBLISHED) != 0);
+        printf("%d: child %d reads pc_tree_flags (early): %d\n", _pid, me, tree_flags)
     };
 #endif
     pc_children_push(me);                           /* parent.addChildLink(ChildLink(me)) */
@@ -659,10 +659,10 @@ proctype Child(byte me) {
     kept = 0;
 #ifndef BROKEN_DEKKER
     /* if let reason = parent.cancelReasonForDescendants: pc_state(P) is FULFILLED, so
-     * pc_family(P) & CANCEL_PUBLISHED decides */
+     * pc_tree_flags(P) & CANCEL_PUBLISHED decides */
     d_step {
-        done = ((family & PUBLISHED) != 0);
-        printf("%d: child %d reads pc_family: %d\n", _pid, me, family)
+        done = ((tree_flags & PUBLISHED) != 0);
+        printf("%d: child %d reads pc_tree_flags: %d\n", _pid, me, tree_flags)
     };
 #endif
     if
@@ -684,7 +684,7 @@ proctype Child(byte me) {
 }
 
 #define COVERED(c) (!pushed[c] || takenByCanceller[c] || sawPublished[c] || prunerSaw[c])
-#define ENDED_CANCELLED(c) (cclaim[c] == CANCELLED || (cfamily[c] & CLAIMED) != 0)
+#define ENDED_CANCELLED(c) (cclaim[c] == CANCELLED || (ctree_flags[c] & CLAIMED) != 0)
 
 init {
     byte c;
@@ -701,7 +701,7 @@ init {
         c = 0
     }
     timeout;                            /* every call has returned */
-    assert((family & PUBLISHED) != 0);  /* the cancel was published */
+    assert((tree_flags & PUBLISHED) != 0);  /* the cancel was published */
     c = 1;
     do
     :: c <= NCHILD ->
@@ -732,13 +732,13 @@ ltl all_reached { <> (ALL_REACHED && _nr_pr <= 1) }
  * A chain R -> P -> C: R is a settled root; P's and C's handlers run (in the library:
  * `.immediate`, on the thread that settles R, so in no registry) and each settles its
  * promise with fulfillFromHandler: pc_claim(FREE -> FULFILLED), then
- * cancelReasonFromAncestors (pc_forwarding_epoch, then each ancestor's family bit and
+ * cancelReasonFromAncestors (pc_forwarding_epoch, then each ancestor's tree_flags bit and
  * recorded epoch, walking up until an ancestor verified the current epoch or is the
  * root), then publish. C's handler starts once P has published. An unrelated settled
  * promise X exists too.
  *
  * Cancellers (AnyPromise.cancelOne on a settled promise): pc_forwarding_begin,
- * pc_family_set(CANCEL_PUBLISHED), pc_forwarding_end. One cancels R; one cancels X (it
+ * pc_tree_flags_set(CANCEL_PUBLISHED), pc_forwarding_end. One cancels R; one cancels X (it
  * moves the epoch without touching the chain, so C has to walk); with -DCANCEL_P one
  * cancels P itself (claiming it if its handler has not, else forwarding through it).
  *
@@ -764,8 +764,8 @@ ltl all_reached { <> (ALL_REACHED && _nr_pr <= 1) }
 #define NC 2
 
 byte G = 0;               /* the forwarding word */
-bit  bitR = 0;            /* R.family & CANCEL_PUBLISHED */
-bit  bitP = 0;            /* P.family & CANCEL_PUBLISHED */
+bit  bitR = 0;            /* R.tree_flags & CANCEL_PUBLISHED */
+bit  bitP = 0;            /* P.tree_flags & CANCEL_PUBLISHED */
 bit  bitX = 0;
 byte claimOf[3];          /* claim words of P and C */
 bit  published[3];
@@ -778,7 +778,7 @@ bit  ancestorCancelAtClaim[3];   /* ghost: an ancestor carried a cancel when it 
 inline forward(bitv) {
 #ifndef BROKEN_LATE_BEGIN
     G = G + ACTIVE_ONE;                     /* pc_forwarding_begin */
-    bitv = 1;                               /* pc_family_set(CANCEL_PUBLISHED) */
+    bitv = 1;                               /* pc_tree_flags_set(CANCEL_PUBLISHED) */
 #else
     bitv = 1;                               /* BROKEN: the bit before the epoch opens */
     G = G + ACTIVE_ONE;

@@ -115,7 +115,7 @@ stress-swift: deps
 
 # ---- ThreadSanitizer -------------------------------------------------------------------
 
-$(BUILD_DIR)/core_test_tsan: $(CORE_SRC) $(CORE_TEST) $(CORE_INC)/CPromiseCore.h | deps
+$(BUILD_DIR)/core_test_tsan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(TSAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@ $(TSAN_LDFLAGS)
 
@@ -132,7 +132,7 @@ tsan: tsan-core tsan-swift
 
 # ---- AddressSanitizer (+ LeakSanitizer; UndefinedBehaviorSanitizer for C) -------------
 
-$(BUILD_DIR)/core_test_asan: $(CORE_SRC) $(CORE_TEST) $(CORE_INC)/CPromiseCore.h | deps
+$(BUILD_DIR)/core_test_asan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(ASAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #define PC_OUTCOME_MASK ((uintptr_t)3u)
-#define PC_FIRING ((uintptr_t)4u)
+#define PC_STATE_FIRING ((uintptr_t)4u)
 #define PC_TAG_MASK ((uintptr_t)7u)
 
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
@@ -111,7 +111,7 @@ uintptr_t pc_inline_begin(const pc_promise *promise) {
      * the thread-local lookup.) */
     uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
     uintptr_t tags = seen & PC_TAG_MASK;
-    if ((tags & PC_OUTCOME_MASK) == PC_PENDING || (tags & PC_FIRING) != 0) {
+    if ((tags & PC_OUTCOME_MASK) == PC_PENDING || (tags & PC_STATE_FIRING) != 0) {
         return PC_PENDING; /* pending, or earlier observers still firing: register */
     }
     if (pc_trampoline.depth != 0) {
@@ -136,7 +136,7 @@ void pc_observe(pc_promise *promise, pc_node *node) {
     uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
     for (;;) {
         uintptr_t tags = seen & PC_TAG_MASK;
-        if ((tags & PC_OUTCOME_MASK) != PC_PENDING && (tags & PC_FIRING) == 0) {
+        if ((tags & PC_OUTCOME_MASK) != PC_PENDING && (tags & PC_STATE_FIRING) == 0) {
             break; /* settled and quiescent: fire it ourselves, below */
         }
         node->next = (pc_node *)(seen & ~PC_TAG_MASK);
@@ -203,8 +203,8 @@ void pc_publish(pc_promise *promise) {
     }
     for (;;) {
         pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
-        /* While a batch fires, keep PC_FIRING so later registrations queue behind it. */
-        uintptr_t next = (stack != NULL) ? (outcome | PC_FIRING) : outcome;
+        /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
+        uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
         /* full (acquire + release): release publishes the outcome value stored before
          * this call to every thread whose acquire load later sees the tag (pc_state,
          * pc_observe); acquire pairs with the release push in pc_observe, so the nodes
@@ -234,7 +234,7 @@ pc_node *pc_detach(pc_promise *promise) {
     /* acquire: pairs with the release pushes in pc_observe so the detached nodes' fields
      * are visible (the owner's last release already orders this; the load says so). */
     uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
-    if ((seen & PC_FIRING) != 0) {
+    if ((seen & PC_STATE_FIRING) != 0) {
         pc_die("pc_detach", "owner released while its observers fire", seen);
     }
     if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
@@ -248,7 +248,7 @@ pc_node *pc_detach(pc_promise *promise) {
 
 /* ---- the cancellation registry ---------------------------------------------------- */
 
-#define PC_COUNT_ONE ((uintptr_t)1u << PC_FAMILY_COUNT_SHIFT)
+#define PC_COUNT_ONE ((uintptr_t)1u << PC_TREE_COUNT_SHIFT)
 
 uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
     /* No ordering: only a first guess for the CAS, which validates it. */
@@ -265,9 +265,9 @@ uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
         seen = was;
     }
     /* full: besides counting (for the pruning heuristic), orders the push above before
-     * the caller's next pc_family load; pairs with the full CAS in pc_family_set (Dekker:
+     * the caller's next pc_tree_flags load; pairs with the full CAS in pc_tree_flags_set (Dekker:
      * a canceller either takes this link or this pusher sees its PUBLISHED bit). */
-    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->family), (AO_t)PC_COUNT_ONE);
+    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->tree_flags), (AO_t)PC_COUNT_ONE);
     return before / PC_COUNT_ONE + 1;
 }
 
@@ -289,18 +289,18 @@ pc_node *pc_children_take(pc_promise *promise) {
 
 void pc_children_forget(pc_promise *promise, uintptr_t count) {
     /* No ordering: bookkeeping for the pruning heuristic only. */
-    (void)AO_fetch_and_add(PC_WORD(&promise->family), (AO_t)(0 - count * PC_COUNT_ONE));
+    (void)AO_fetch_and_add(PC_WORD(&promise->tree_flags), (AO_t)(0 - count * PC_COUNT_ONE));
 }
 
-bool pc_family_set(pc_promise *promise, uintptr_t bit) {
+bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
     /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->family));
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->tree_flags));
     while ((seen & bit) == 0) {
         /* full: release publishes what the caller stored before (a cancel reason before
          * PUBLISHED); the StoreLoad half orders this store before the caller's next
          * pc_children_take (see pc_children_push). */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->family), (AO_t)seen, (AO_t)(seen | bit));
+            PC_WORD(&promise->tree_flags), (AO_t)seen, (AO_t)(seen | bit));
         if (was == seen) {
             return true;
         }
@@ -309,10 +309,10 @@ bool pc_family_set(pc_promise *promise, uintptr_t bit) {
     return false;
 }
 
-uintptr_t pc_family(const pc_promise *promise) {
-    /* acquire: pairs with the full CAS in pc_family_set; a PUBLISHED bit seen here makes
+uintptr_t pc_tree_flags(const pc_promise *promise) {
+    /* acquire: pairs with the full CAS in pc_tree_flags_set; a PUBLISHED bit seen here makes
      * the reason stored before it visible. */
-    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->family));
+    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->tree_flags));
 }
 
 /* ---- holds on the path of an in-flight descendant ---------------------------------- */
@@ -420,7 +420,7 @@ void pc_forwarding_end(void) {
 uintptr_t pc_forwarding_epoch(void) {
     /* acquire: pairs with the release half of pc_forwarding_end, so the PUBLISHED bits of
      * every forward that ended before the value read are visible to the caller's following
-     * pc_family loads. The caller's claim CAS before this load is a full barrier, which
+     * pc_tree_flags loads. The caller's claim CAS before this load is a full barrier, which
      * keeps the load from moving above the claim (the Dekker half of pc_forwarding_begin). */
     return (uintptr_t)AO_load_acquire(&pc_forwarding_word);
 }

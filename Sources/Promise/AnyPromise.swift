@@ -133,7 +133,7 @@ public class AnyPromise: @unchecked Sendable {
     }
 
     /// The reason of a cancel forwarded through this promise after it had settled; written
-    /// once, by the canceller that set PC_FAMILY_CANCEL_CLAIMED, before it publishes.
+    /// once, by the canceller that set PC_TREE_CANCEL_CLAIMED, before it publishes.
     @exclusivity(unchecked) final var forwardedCancelReason: (any Error)?
 
     /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
@@ -235,14 +235,14 @@ public class AnyPromise: @unchecked Sendable {
         settleFailureClaimingFrom(error, as: outcome) != nil
     }
 
-    /// `settleFailure`, telling which claim it took over: `PC_FREE`, or `PC_FOLLOWING` (a
+    /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a
     /// cancel of a follower, which must then reach the followee); nil if it lost.
     final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {
         let from: UInt32
-        if claim(from: PC_FREE, to: outcome) {
-            from = PC_FREE
-        } else if outcome == PC_CANCELLED && claim(from: PC_FOLLOWING, to: PC_CANCELLED) {
-            from = PC_FOLLOWING
+        if claim(from: PC_CLAIM_FREE, to: outcome) {
+            from = PC_CLAIM_FREE
+        } else if outcome == PC_CANCELLED && claim(from: PC_CLAIM_FOLLOWING, to: PC_CANCELLED) {
+            from = PC_CLAIM_FOLLOWING
         } else {
             return nil
         }
@@ -286,7 +286,7 @@ public class AnyPromise: @unchecked Sendable {
     /// `PromiseError.cycle` instead (see `wouldWaitOnItself` for the cost).
     @usableFromInline
     final func follow(_ source: AnyPromise, parent: AnyPromise) {
-        guard claim(from: PC_FREE, to: PC_FOLLOWING) else {
+        guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else {
             // Settled first by someone else: a canceller's reason reaches the work too.
             forwardCancelIfClaimed(to: source)
             return
@@ -361,7 +361,7 @@ public class AnyPromise: @unchecked Sendable {
             }
         case .following:
             let tag = source.publishedTag
-            if claim(from: PC_FOLLOWING, to: UInt32(tag)) {
+            if claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) {
                 // The parent if it is still alive: the handler that made us follow is done
                 // and dropped its hold (a dead parent has nothing to pass down any more).
                 if tag != UInt(PC_CANCELLED), let parent = parentIfAlive,
@@ -457,7 +457,7 @@ public class AnyPromise: @unchecked Sendable {
         // `role` stays `.continuation` (the settling thread may still read it in
         // `runDeferred` while this runs on the context); `follow` moves it on.
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-        if !parentCancelled && claimHint != UInt(PC_FREE) { return }  // `handler` is released unrun
+        if !parentCancelled && claimHint != UInt(PC_CLAIM_FREE) { return }  // `handler` is released unrun
         handler.run(parent, self)
     }
 }

@@ -113,7 +113,7 @@ extension AnyPromise {
 /// A `weak` reference gives its target a side table (an allocation) and sends every later
 /// retain and release of the target through the runtime's slow path; a child's link to its
 /// pending parent would pay that on every `then`. An unowned link is instead a plain
-/// pointer in a locked word of the C core (`pc_word_*`, see `CPromiseCore.h`):
+/// pointer in a locked word of the C core (`pc_word_*`, see `pc_overlay.h`):
 ///
 /// - The owner stores it once, before any other thread can read it; the hot paths never
 ///   touch it again.
@@ -264,7 +264,7 @@ extension AnyPromise {
         var current = source
         while true {
             let next: UnsafeMutableRawPointer
-            if current.claimHint == UInt(PC_FOLLOWING) {
+            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
                 guard let followee = current.followeeAddress else { return false }
@@ -285,7 +285,7 @@ extension AnyPromise {
     /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
     /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
     final func rejectAsCycle(parent: AnyPromise?) {
-        guard claim(from: PC_FOLLOWING, to: PC_REJECTED) else { return }
+        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else { return }
         if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
@@ -327,20 +327,20 @@ func cascadeEndFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutab
 
 extension AnyPromise {
     @inlinable
-    static var firstObserverOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.first_observer)! }
+    static var spareNodeOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.spare_node)! }
 
     @inlinable
-    final var firstObserverPointer: UnsafeMutablePointer<pc_node> {
-        (UnsafeMutableRawPointer(corePointer) + AnyPromise.firstObserverOffsetInCore).assumingMemoryBound(to: pc_node.self)
+    final var spareNodePointer: UnsafeMutablePointer<pc_node> {
+        (UnsafeMutableRawPointer(corePointer) + AnyPromise.spareNodeOffsetInCore).assumingMemoryBound(to: pc_node.self)
     }
 
     /// Elects the caller to keep its observer in this promise's first-observer slot: only
     /// a root's (a root never uses `continuation` and `context`, which hold it), and only
-    /// one caller, ever (a family bit: the losers see it set with one load, no CAS). The
+    /// one caller, ever (a tree_flags bit: the losers see it set with one load, no CAS). The
     /// caller must then call `fillFirstObserverSlot`.
     @inlinable
     final func claimFirstObserverSlot() -> Bool {
-        isRoot && pc_family_set(corePointer, UInt(PC_FAMILY_FIRST_OBSERVER))
+        isRoot && pc_tree_flags_set(corePointer, UInt(PC_TREE_FIRST_OBSERVER))
     }
 
     /// Stores the observer of the caller that claimed the slot and registers the slot's
@@ -356,16 +356,16 @@ extension AnyPromise {
     final func fillFirstObserverSlot(_ observer: consuming Continuation, immediate: Bool) {
         continuation = consume observer
         if immediate {
-            firstObserverPointer.pointee.fire = firstObserverFireImmediate
+            spareNodePointer.pointee.fire = firstObserverFireImmediate
         } else {
-            firstObserverPointer.pointee.fire = firstObserverFire
+            spareNodePointer.pointee.fire = firstObserverFire
         }
-        pc_observe(corePointer, firstObserverPointer)  // the release push publishes all three
+        pc_observe(corePointer, spareNodePointer)  // the release push publishes all three
     }
 
     /// The promise whose first-observer node is `node`, not retained.
-    static func owner(ofFirstObserver node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
-        owner(ofCore: (UnsafeMutableRawPointer(node) - firstObserverOffsetInCore).assumingMemoryBound(to: pc_promise.self))
+    static func owner(ofSpareNode node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
+        owner(ofCore: (UnsafeMutableRawPointer(node) - spareNodeOffsetInCore).assumingMemoryBound(to: pc_promise.self))
     }
 
     /// Runs the observer in the first-observer slot, once.
@@ -380,7 +380,7 @@ extension AnyPromise {
 func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     // Borrowed: whoever publishes the promise holds it until this returns; the work sent
     // to the context holds it from then on.
-    AnyPromise.owner(ofFirstObserver: node)._withUnsafeGuaranteedRef { promise in
+    AnyPromise.owner(ofSpareNode: node)._withUnsafeGuaranteedRef { promise in
         promise.sendToContext { promise.runFirstObserver() }
     }
 }
@@ -388,7 +388,7 @@ func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMu
 /// The fire callback of a root's first-observer slot on `.immediate`: deferred to the
 /// trampoline, then run.
 func firstObserverFireImmediate(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let owner = AnyPromise.owner(ofFirstObserver: node)
+    let owner = AnyPromise.owner(ofSpareNode: node)
     if source != nil {
         _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
         pc_defer(node)
@@ -543,24 +543,24 @@ extension AnyPromise {
     }
 }
 
-// MARK: The family flags, the registry, the forwarding epoch and the holds word
+// MARK: The tree_flags flags, the registry, the forwarding epoch and the holds word
 
-/// The bits of a promise's `family` word (see `CPromiseCore.h`).
+/// The bits of a promise's `tree_flags` word (see `pc_registry.h`).
 @usableFromInline
-enum FamilyFlag {
-    @inlinable static var linked: UInt { UInt(PC_FAMILY_LINKED) }
-    @inlinable static var cancelClaimed: UInt { UInt(PC_FAMILY_CANCEL_CLAIMED) }
-    @inlinable static var cancelPublished: UInt { UInt(PC_FAMILY_CANCEL_PUBLISHED) }
+enum TreeFlag {
+    @inlinable static var linked: UInt { UInt(PC_TREE_LINKED) }
+    @inlinable static var cancelClaimed: UInt { UInt(PC_TREE_CANCEL_CLAIMED) }
+    @inlinable static var cancelPublished: UInt { UInt(PC_TREE_CANCEL_PUBLISHED) }
 }
 
 extension AnyPromise {
-    /// The family word (acquire: a `cancelPublished` seen makes the stored reason visible).
+    /// The tree_flags word (acquire: a `cancelPublished` seen makes the stored reason visible).
     @inlinable
-    final var familyFlags: UInt { pc_family(corePointer) }
+    final var treeFlags: UInt { pc_tree_flags(corePointer) }
 
-    /// Sets `flag`; true for the one call that set it (full barrier, see `pc_family_set`).
-    final func setFamilyFlag(_ flag: UInt) -> Bool {
-        pc_family_set(corePointer, flag)
+    /// Sets `flag`; true for the one call that set it (full barrier, see `pc_tree_flags_set`).
+    final func setTreeFlag(_ flag: UInt) -> Bool {
+        pc_tree_flags_set(corePointer, flag)
     }
 
     /// Pushes `child`'s spare node onto this promise's registry; the number of links

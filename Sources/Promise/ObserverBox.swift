@@ -112,7 +112,7 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
 
     override func run(_ source: AnyPromise) {
         let tag = source.publishedTag
-        guard target.claim(from: PC_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
+        guard target.claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
         target.copyOutcome(from: source, tag: tag)
         target.publishClaimedOutcome()
     }

@@ -47,14 +47,14 @@ extension AnyPromise {
         if let from = settleFailureClaimingFrom(reason, as: PC_CANCELLED) {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
-            if from == PC_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
-        } else if !isCancelled, setFamilyFlag(FamilyFlag.cancelClaimed) {
+            if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
+        } else if !isCancelled, setTreeFlag(TreeFlag.cancelClaimed) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
             // running) see it when they claim (`cancelReasonFromAncestors`).
             ForwardingEpoch.begin()
             forwardedCancelReason = reason
-            _ = setFamilyFlag(FamilyFlag.cancelPublished)
+            _ = setTreeFlag(TreeFlag.cancelPublished)
             ForwardingEpoch.end()
         }
         forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
@@ -64,7 +64,7 @@ extension AnyPromise {
     /// cancelled, or that of a cancel forwarded through it after it settled; nil if none.
     final var cancelReasonForDescendants: (any Error)? {
         if publishedTag == UInt(PC_CANCELLED) { return failure ?? CancellationError() }
-        guard familyFlags & FamilyFlag.cancelPublished != 0 else { return nil }
+        guard treeFlags & TreeFlag.cancelPublished != 0 else { return nil }
         return forwardedCancelReason
     }
 
@@ -128,13 +128,13 @@ extension AnyPromise {
     /// Whether `cancelReasonForDescendants` is non-nil, without building the error.
     @inlinable
     final var carriesCancelForDescendants: Bool {
-        publishedTag == UInt(PC_CANCELLED) || familyFlags & FamilyFlag.cancelPublished != 0
+        publishedTag == UInt(PC_CANCELLED) || treeFlags & TreeFlag.cancelPublished != 0
     }
 
     /// `reject` for a handler settling its child (see `fulfillFromHandler`).
     @usableFromInline
     final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
-        guard claim(from: PC_FREE, to: PC_REJECTED) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
@@ -195,14 +195,14 @@ enum AncestorCheck {
 // followers, and, linked in turn, the settled ancestors between them and the promise. A
 // cancel of the settled promise reaches them through it.
 //
-// The link is the child's own `first_observer` node: only a root keeps an observer there,
+// The link is the child's own `spare_node` node: only a root keeps an observer there,
 // and a root has no parent to link into, so linking allocates nothing. The registry must
 // not keep children alive (it would keep settled subtrees alive), so it holds each linked
 // child's memory, not the child: an unowned reference count (`swift_unownedRetain`). A
 // walker tries each child with `swift_tryRetain`, which fails once the child began dying;
 // the memory of a dead child goes when the registry drops it (pruned as the registry
 // grows, or when the promise dies), so it lingers at most that long. Each child is linked
-// once (PC_FAMILY_LINKED), so its node is in at most one registry.
+// once (PC_TREE_LINKED), so its node is in at most one registry.
 
 extension AnyPromise {
     /// Links this promise into its parent's registry, and the parent into its own, up to
@@ -211,12 +211,12 @@ extension AnyPromise {
     /// - Parameter parent: this promise's parent, which the caller holds (the thread that
     ///   fired this promise, or its continuation), so reading it needs no lock.
     final func linkIntoParentChain(parent: AnyPromise) {
-        guard setFamilyFlag(FamilyFlag.linked) else { return }
+        guard setTreeFlag(TreeFlag.linked) else { return }
         holdPathWhileInFlight()
         parent.addToRegistry(self)
         // The common case ends here, without touching the reference counts: the parent is
-        // a root, or linked already (pc_family_set would refuse it anyway).
-        if parent.isRoot || parent.familyFlags & FamilyFlag.linked != 0 { return }
+        // a root, or linked already (pc_tree_flags_set would refuse it anyway).
+        if parent.isRoot || parent.treeFlags & TreeFlag.linked != 0 { return }
         AnyPromise.linkAncestors(from: parent)
     }
 
@@ -224,9 +224,9 @@ extension AnyPromise {
     @inline(never)
     private static func linkAncestors(from start: AnyPromise) {
         var promise = start
-        while let up = promise.parentIfAlive, promise.setFamilyFlag(FamilyFlag.linked) {
+        while let up = promise.parentIfAlive, promise.setTreeFlag(TreeFlag.linked) {
             up.addToRegistry(promise)
-            if up.isRoot || up.familyFlags & FamilyFlag.linked != 0 { return }
+            if up.isRoot || up.treeFlags & TreeFlag.linked != 0 { return }
             promise = up
         }
     }
@@ -234,11 +234,11 @@ extension AnyPromise {
     /// Pushes `child` (a descendant this thread just marked LINKED) onto the registry,
     /// then applies a cancel that its walk may have missed.
     private final func addToRegistry(_ child: AnyPromise) {
-        // A root's first_observer node is its first observer's, and a root is never linked.
+        // A root's spare_node node is its first observer's, and a root is never linked.
         assert(!child.isRoot, "a root has no parent registry to be linked into")
         let childPointer = Unmanaged.passUnretained(child).toOpaque()
         SwiftRuntime.unownedRetain(childPointer)  // the registry's hold on the child's memory
-        let count = registryPush(child.firstObserverPointer)
+        let count = registryPush(child.spareNodePointer)
         if count >= 32, count & (count - 1) == 0 {
             forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
         }
@@ -265,7 +265,7 @@ extension AnyPromise {
             taken += 1
             // We own the registry's unowned count of the child until we push it back, so
             // its memory is there to try.
-            let childPointer = AnyPromise.owner(ofFirstObserver: current).toOpaque()
+            let childPointer = AnyPromise.owner(ofSpareNode: current).toOpaque()
             if let retained = SwiftRuntime.tryRetain(childPointer) {
                 let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
                 body(child)
@@ -289,7 +289,7 @@ extension AnyPromise {
         var node = registryTake()
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child
-            SwiftRuntime.unownedRelease(AnyPromise.owner(ofFirstObserver: current).toOpaque())
+            SwiftRuntime.unownedRelease(AnyPromise.owner(ofSpareNode: current).toOpaque())
         }
     }
 }

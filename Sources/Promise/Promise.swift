@@ -17,7 +17,7 @@ import CPromiseCore
 /// resolvers wins, later ones return `false`, and every handler runs once with the
 /// winning outcome.
 ///
-/// Threading: a promise is a lock-free C state machine (see `CPromiseCore.h`) plus a
+/// Threading: a promise is a lock-free C state machine (see `pc_promise.h`) plus a
 /// value slot written once by the winning resolver before it publishes the outcome.
 public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     // The value lives in the core's `payload` words (see `ValueStorage.swift`), not in a
@@ -76,7 +76,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     public convenience init(on context: any ExecutionContext, _ work: @escaping @Sendable () throws -> Value) {
         self.init()
         context.execute { [self] in
-            guard self.claimHint == UInt(PC_FREE) else { return }  // cancelled before it ran
+            guard self.claimHint == UInt(PC_CLAIM_FREE) else { return }  // cancelled before it ran
             self.settle(work)
         }
     }
@@ -109,7 +109,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// already been settled (or is following another promise).
     @inlinable @discardableResult
     public func fulfill(_ value: Value) -> Bool {
-        guard claim(from: PC_FREE, to: PC_FULFILLED) else { return false }
+        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
         storeValue(value)
         publishClaimedOutcome()
         return true
@@ -146,7 +146,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// b.resolve(with: a)      // b and a reject with PromiseError.cycle
     /// ```
     public func resolve(with other: Promise<Value>) {
-        guard claim(from: PC_FREE, to: PC_FOLLOWING) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else { return }
         recordFollowee(other, forwardsCancel: false)
         if wouldWaitOnItself(following: other) {
             rejectAsCycle(parent: nil)
@@ -173,7 +173,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// was cancelled leaves its child cancelled, not fulfilled.
     @inlinable
     func fulfillFromHandler(_ value: Value, parent: AnyPromise) {
-        guard claim(from: PC_FREE, to: PC_FULFILLED) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return }
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
             publishClaimedOutcome()

@@ -206,7 +206,7 @@ static void test_settle_fires_in_order(verdict *v) {
     observer *order[ORDER_OBSERVERS];
 
     CHECK(v, pc_state(&p.core) == PC_PENDING, "zeroed promise not pending");
-    CHECK(v, pc_claimed(&p.core) == PC_FREE, "zeroed promise already claimed");
+    CHECK(v, pc_claimed(&p.core) == PC_CLAIM_FREE, "zeroed promise already claimed");
     for (unsigned i = 0; i < ORDER_OBSERVERS; i++) {
         observer_init(&obs[i], observer_fire, 0, i);
         order[i] = &obs[i];
@@ -214,9 +214,9 @@ static void test_settle_fires_in_order(verdict *v) {
         CHECK(v, fired_count(&obs[i]) == 0, "observer #%u fired on a pending promise", i);
     }
 
-    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FULFILLED), "first claim FREE->FULFILLED lost");
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_REJECTED), "second claim FREE->REJECTED won");
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FULFILLED), "second claim FREE->FULFILLED won");
+    CHECK(v, pc_claim(&p.core, PC_CLAIM_FREE, PC_FULFILLED), "first claim FREE->FULFILLED lost");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_REJECTED), "second claim FREE->REJECTED won");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_FULFILLED), "second claim FREE->FULFILLED won");
     CHECK(v, pc_claimed(&p.core) == PC_FULFILLED, "claimed %lu, want FULFILLED",
           (unsigned long)pc_claimed(&p.core));
     /* A claim elects the settler; only pc_publish makes the outcome visible. */
@@ -258,7 +258,7 @@ static void test_observe_after_settle_fires_inline(verdict *v) {
         observer_init(&early, observer_fire, 0, 0);
         observer_init(&late, inline_probe_fire, 0, 1);
         pc_observe(&p.core, &early.node);
-        CHECK(v, settle(&p, PC_FREE, outcomes[k], 100 + k), "claim on a fresh promise lost");
+        CHECK(v, settle(&p, PC_CLAIM_FREE, outcomes[k], 100 + k), "claim on a fresh promise lost");
         CHECK(v, pc_state(&p.core) == outcomes[k], "state %lu, want %lu",
               (unsigned long)pc_state(&p.core), (unsigned long)outcomes[k]);
 
@@ -285,18 +285,18 @@ static void test_following(verdict *v) {
     observer_init(&o, observer_fire, 0, 0);
     pc_observe(&p.core, &o.node);
 
-    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING lost on a fresh promise");
-    CHECK(v, pc_claimed(&p.core) == PC_FOLLOWING, "claimed %lu, want FOLLOWING",
+    CHECK(v, pc_claim(&p.core, PC_CLAIM_FREE, PC_CLAIM_FOLLOWING), "FREE->FOLLOWING lost on a fresh promise");
+    CHECK(v, pc_claimed(&p.core) == PC_CLAIM_FOLLOWING, "claimed %lu, want FOLLOWING",
           (unsigned long)pc_claimed(&p.core));
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FULFILLED), "FREE->FULFILLED won while following");
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_REJECTED), "FREE->REJECTED won while following");
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_CANCELLED), "FREE->CANCELLED won while following");
-    CHECK(v, !pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING won twice");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_FULFILLED), "FREE->FULFILLED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_REJECTED), "FREE->REJECTED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_CANCELLED), "FREE->CANCELLED won while following");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_CLAIM_FOLLOWING), "FREE->FOLLOWING won twice");
     CHECK(v, pc_state(&p.core) == PC_PENDING, "following promise not pending");
     CHECK(v, fired_count(&o) == 0, "observer fired while following");
 
-    CHECK(v, settle(&p, PC_FOLLOWING, PC_REJECTED, 0xBAD), "FOLLOWING->REJECTED lost");
-    CHECK(v, !pc_claim(&p.core, PC_FOLLOWING, PC_FULFILLED), "FOLLOWING->x won twice");
+    CHECK(v, settle(&p, PC_CLAIM_FOLLOWING, PC_REJECTED, 0xBAD), "FOLLOWING->REJECTED lost");
+    CHECK(v, !pc_claim(&p.core, PC_CLAIM_FOLLOWING, PC_FULFILLED), "FOLLOWING->x won twice");
     CHECK(v, pc_claimed(&p.core) == PC_REJECTED, "claimed %lu, want REJECTED",
           (unsigned long)pc_claimed(&p.core));
     CHECK(v, pc_state(&p.core) == PC_REJECTED, "state %lu, want REJECTED",
@@ -326,7 +326,7 @@ static void test_observe_while_firing_joins_next_batch(verdict *v) {
     for (unsigned i = 0; i < 3; i++) {
         pc_observe(&p.core, &firing_batch[i].node);
     }
-    CHECK(v, settle(&p, PC_FREE, PC_CANCELLED, 7), "claim on a fresh promise lost");
+    CHECK(v, settle(&p, PC_CLAIM_FREE, PC_CANCELLED, 7), "claim on a fresh promise lost");
     CHECK(v, !late_fired_inline,
           "observer registered while firing fired inline, ahead of the batch");
     observer *order[4];
@@ -357,7 +357,7 @@ static void test_detach(verdict *v) {
         pc_observe(&p.core, &obs[i].node);
     }
     /* A claim without publish is still "never settled" for the observers. */
-    CHECK(v, pc_claim(&p.core, PC_FREE, PC_FOLLOWING), "FREE->FOLLOWING lost");
+    CHECK(v, pc_claim(&p.core, PC_CLAIM_FREE, PC_CLAIM_FOLLOWING), "FREE->FOLLOWING lost");
 
     bool seen[COUNT] = {false};
     unsigned found = 0;
@@ -439,7 +439,7 @@ static void test_defer_inside_fire_runs_after_it(verdict *v) {
     observer_init(&settled.base, self_deferrer_fire, 0, 1);
 
     pc_observe(&p.core, &pending.base.node);
-    CHECK(v, settle(&p, PC_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    CHECK(v, settle(&p, PC_CLAIM_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
     check_self_deferrer(v, &pending, "fired by pc_publish");
     if (v->failed) {
         return;
@@ -464,12 +464,12 @@ static void inline_probe_nested_fire(pc_node *node, pc_promise *source) {
 static void test_inline_begin_end(verdict *v) {
     test_promise pending = {0}, settled = {0};
     CHECK(v, pc_inline_begin(&pending.core) == PC_PENDING, "opened on a pending promise");
-    CHECK(v, settle(&settled, PC_FREE, PC_FULFILLED, 7), "claim on a fresh promise lost");
+    CHECK(v, settle(&settled, PC_CLAIM_FREE, PC_FULFILLED, 7), "claim on a fresh promise lost");
     CHECK(v, pc_inline_begin(&settled.core) == PC_FULFILLED, "refused a settled, quiescent promise");
     /* in the scope: a self-deferring observer of another settled promise must wait for
      * pc_inline_end */
     test_promise other = {0};
-    CHECK(v, settle(&other, PC_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    CHECK(v, settle(&other, PC_CLAIM_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
     self_deferrer d;
     memset(&d, 0, sizeof d);
     observer_init(&d.base, self_deferrer_fire, 0, 0);
@@ -485,7 +485,7 @@ static void test_inline_begin_end(verdict *v) {
     inline_probe_target = &settled;
     inline_probe_seen = 99;
     pc_observe(&trigger.core, &o.node);
-    CHECK(v, settle(&trigger, PC_FREE, PC_FULFILLED, 2), "claim on a fresh promise lost");
+    CHECK(v, settle(&trigger, PC_CLAIM_FREE, PC_FULFILLED, 2), "claim on a fresh promise lost");
     CHECK(v, inline_probe_seen == PC_PENDING, "opened inside a fire callback (got %lu)",
           (unsigned long)inline_probe_seen);
     /* and after everything returned, open again */
@@ -540,7 +540,7 @@ static void chain_fire(pc_node *node, pc_promise *source) {
         n->defer_seq = c->clock++;
         size_t next = n->index + 1;
         if (next < c->length) {
-            settle(&c->promises[next], PC_FREE, PC_FULFILLED, (uint64_t)next);
+            settle(&c->promises[next], PC_CLAIM_FREE, PC_FULFILLED, (uint64_t)next);
         }
     }
     c->depth -= 1;
@@ -549,7 +549,7 @@ static void chain_fire(pc_node *node, pc_promise *source) {
 static void *chain_run(void *arg) {
     chain *c = arg;
     c->started = true;
-    settle(&c->promises[0], PC_FREE, PC_FULFILLED, 0);
+    settle(&c->promises[0], PC_CLAIM_FREE, PC_FULFILLED, 0);
     return NULL;
 }
 
@@ -857,7 +857,7 @@ static void settlers_play(void *context, unsigned me, unsigned long round) {
     settlers_context *s = context;
     settler_seat *seat = &s->seats[me];
     uintptr_t outcome = settler_outcome(me, round);
-    seat->won = settle(&s->promise, PC_FREE, outcome, make_payload(round, outcome, me));
+    seat->won = settle(&s->promise, PC_CLAIM_FREE, outcome, make_payload(round, outcome, me));
     if (me == 0) {
         /* Before this thread's own pc_state: an inline fire must rely on pc_observe's
          * acquire alone to see the winner's payload. */
@@ -973,7 +973,7 @@ static void race_play(void *context, unsigned me, unsigned long round) {
         /* Vary when the settle lands: before, among or after the registrations. */
         spin_for((unsigned)(round * 37 % 400));
         uintptr_t outcome = race_outcome(round);
-        r->settled = settle(&r->promise, PC_FREE, outcome, make_payload(round, outcome, 0));
+        r->settled = settle(&r->promise, PC_CLAIM_FREE, outcome, make_payload(round, outcome, 0));
         return;
     }
     observer *mine = r->observers[me - 1];

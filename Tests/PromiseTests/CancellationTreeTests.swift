@@ -272,7 +272,7 @@ final class CancellationTreeTests: XCTestCase {
         }
         queue.sync {}  // every handler ran; their children are gone
         // Each dispatched child linked itself; dead links are pruned as the registry grows.
-        let links = pc_family(shared.corePointer) >> PC_FAMILY_COUNT_SHIFT
+        let links = pc_tree_flags(shared.corePointer) >> PC_TREE_COUNT_SHIFT
         XCTAssertLessThan(links, 4_200, "dead links must be pruned")
         var live = 0
         shared.forEachLinkedChild(reapplyingCancel: false) { _ in live += 1 }

@@ -1,0 +1,110 @@
+/*
+ * pc_overlay.h: small lock-free helpers the Swift overlay needs besides the promise
+ * itself: a countdown and a one-shot election (combinators, `await`), a full fence (cycle
+ * detection), the waiter struct, and locked words (a reference that never dangles).
+ *
+ *   function        caller                           progress
+ *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
+ *   pc_once         any thread                       wait-free (one CAS)
+ *   pc_fence        any thread                       wait-free (one fence)
+ *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
+ *                                                    holders run a few instructions
+ *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
+ *   pc_word_store,
+ *   pc_word_unlock
+ */
+#ifndef PC_OVERLAY_H
+#define PC_OVERLAY_H
+
+#include "pc_promise.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Lowers a countdown word by one and returns the new value: the combinators' lock-free
+ * aggregation (the call that reaches zero finishes the aggregate). Full barrier: the
+ * release half publishes the caller's slot writes, the acquire half lets the caller that
+ * reaches zero see every earlier caller's. Aborts on underflow.
+ */
+uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
+
+/*
+ * A one-shot election: sets *flag from 0 to 1 and returns true for the one caller that
+ * did. `await p.value` uses it to decide between the promise's outcome and the awaiting
+ * Task's cancellation. Full barrier: what the winner stored before is visible to whoever
+ * later acquires it through pc_count_down.
+ */
+bool pc_once(uintptr_t *_Nonnull flag);
+
+/*
+ * A full memory fence (StoreLoad included). Cycle detection's Dekker pairing: a promise
+ * that starts following another stores its followee link, fences, then reads the links
+ * of the promises it would follow; of two promises linking to each other at once, at
+ * least one sees the other's link, so no cycle closes unseen.
+ */
+void pc_fence(void);
+
+/*
+ * The state of one `await` on a promise: an observer node plus an election (`decided`,
+ * pc_once) between the outcome and the Task's cancellation, and a countdown from 2
+ * (`remaining`, pc_count_down) that the decision and the installed continuation both
+ * lower; whoever reaches zero resumes the awaiting Task. Zero-initialised except
+ * `remaining`, which starts at 2.
+ */
+typedef struct pc_waiter {
+    pc_node node;
+    uintptr_t decided;
+    uintptr_t remaining;
+} pc_waiter;
+
+/*
+ * Locked words: a reference that does not keep its target alive and never dangles.
+ *
+ * The word holds a pointer to an object (or 0) and, in bit 0 (PC_WORD_LOCKED), a spin
+ * lock. The lock guards exactly one thing: the target's memory is not freed while a
+ * thread holds it. The protocol, which the caller follows (the Swift overlay, with its
+ * runtime's reference counts):
+ *
+ *   reader:  load the word; 0 means no target. Otherwise pc_word_lock, try to take a
+ *            reference that fails once the target has begun dying (swift_tryRetain),
+ *            pc_word_unlock with the same value. Only the try happens under the lock.
+ *   target:  before its memory is freed, whoever finishes it clears every word that
+ *            points at it: pc_word_lock, pc_word_unlock with 0. Waiting for the lock
+ *            waits out a reader that loaded the pointer and is trying it.
+ *   owner:   stores the first value before any other thread can load the word (a plain
+ *            store before the object is shared, or pc_word_store to a zero word, which
+ *            no reader locks). From then on, only holders of the lock change the word,
+ *            except through pc_word_store when no reader can exist (the caller says why).
+ *
+ * So a reader either locks the word before the target's clear, and its try runs while the
+ * memory is certainly alive (succeeding only if the target is not dying), or after it,
+ * and sees 0. The lock is for cold paths (navigation, cancellation, a pending target's
+ * death): hot paths store the word once and never lock it.
+ */
+#define PC_WORD_LOCKED 1u
+
+/* The word, lock bit included (acquire: a target seen here was fully initialised). */
+uintptr_t pc_word_load(const uintptr_t *_Nonnull word);
+
+/*
+ * Stores `value` (lock bit clear) where no thread can hold the lock (release: publishes
+ * the target's initialisation to a reader that later loads the value).
+ */
+void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
+
+/*
+ * Takes the word's lock, spinning (then yielding) while another thread holds it, and
+ * returns the word's value without the lock bit.
+ */
+uintptr_t pc_word_lock(uintptr_t *_Nonnull word);
+
+/* For the lock's holder: stores `value` (lock bit clear), which releases the lock. */
+void pc_word_unlock(uintptr_t *_Nonnull word, uintptr_t value);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PC_OVERLAY_H */

@@ -1,0 +1,212 @@
+/*
+ * pc_promise.h: the promise state machine, the lock-free heart of CPromiseCore.
+ *
+ * One machine word (`state`) says everything about a promise:
+ *
+ *                    pc_publish (claim winner)
+ *   PENDING ---------------------------------------> SETTLED|FIRING ------> SETTLED
+ *   word = head of the observer     take the whole     word = outcome tag,   quiescent: a late
+ *   stack (NULL when none), tag 0   stack in one CAS   late observers are    observer fires
+ *                                                      still queued here     itself (pc_observe)
+ *
+ *   outcome tags (low two bits):  PC_FULFILLED = 1, PC_REJECTED = 2, PC_CANCELLED = 3
+ *   bit 2 (PC_STATE_FIRING):            the settler is still handing out observers
+ *   upper bits:                   head of an intrusive stack of pc_node (8-byte aligned)
+ *
+ * A second word (`claim`) elects the single settler among any number of racing
+ * fulfil / reject / cancel calls:
+ *
+ *   FREE --pc_claim--> FULFILLED | REJECTED | CANCELLED         (fulfil, reject, cancel)
+ *   FREE --pc_claim--> FOLLOWING --pc_claim--> an outcome        (resolve(with:), flatMap)
+ *
+ * The winner stores the outcome value (in memory the caller owns), then calls
+ * pc_publish, whose release CAS makes that store visible to every thread that later
+ * sees the outcome tag with an acquire load (pc_state, pc_observe).
+ *
+ * Observers fire in registration order: pc_publish reverses each stack it takes (the
+ * kernel's llist_del_all + llist_reverse_order). While it fires one batch the word keeps
+ * PC_STATE_FIRING, so an observer registered meanwhile joins the next batch instead of firing
+ * itself ahead of earlier ones. Nodes are never removed one by one: no ABA, no hazard
+ * pointers.
+ *
+ * Firing is stack-safe: pc_publish and pc_observe run inside a per-thread trampoline.
+ * A node that wants to run work inline (an `.immediate` handler, adopting a followed
+ * promise's outcome) calls pc_defer, and the outermost pc_publish / pc_observe /
+ * pc_defer on the thread runs it after the current firing returns: chains of any
+ * length settle in constant stack depth.
+ *
+ * Who may call what, and the progress guarantee of each call:
+ *
+ *   function        caller                           progress
+ *   pc_observe      any thread, any time             lock-free (CAS retry only when another
+ *                                                    registration or the settler moved the word)
+ *   pc_claim        any thread, any time             wait-free (one CAS)
+ *   pc_claimed      any thread, any time             wait-free (one load)
+ *   pc_publish      only the thread whose pc_claim   lock-free (loops only while registrations
+ *                   won an outcome, once             keep arriving during firing)
+ *   pc_state        any thread, any time             wait-free (one load)
+ *   pc_defer        from inside a fire callback,     wait-free (thread-local)
+ *                   or any thread to run a node now
+ *   pc_defer_late   any thread (false outside a      wait-free (thread-local)
+ *                   trampoline scope)
+ *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
+ *   pc_detach       only the owner's deinit          wait-free (one load)
+ *
+ * Synchronisation table (liburcu style): which calls need external synchronisation
+ * against which. pc_claimed and pc_state are reads and race with nothing; pc_defer,
+ * pc_defer_late and pc_inline_* touch only the calling thread's trampoline.
+ *
+ *                   pc_observe  pc_claim  pc_publish  pc_state  pc_detach
+ *   pc_observe      no          no        no          no        yes (owner must be alive)
+ *   pc_claim        no          no        no          no        yes
+ *   pc_publish      no          no        once only   no        yes
+ *   pc_state        no          no        no          no        yes
+ *   pc_detach       -           -         -           -         exclusive
+ *
+ * A node belongs to whoever pushed it until it fires; the fire callback receives the
+ * node back and owns it again. The C side never dereferences anything but `next` and
+ * `fire`.
+ *
+ * The words that hang off the same struct but serve cancellation (the registry, the tree
+ * flags, the holds) are in pc_registry.h; helpers only the overlay uses, in pc_overlay.h.
+ *
+ * The protocol is small enough to model-check: the spin model Verification/core.pml names
+ * these functions step by step (`make verify`; Verification/README.md says what it proves).
+ */
+#ifndef PC_PROMISE_H
+#define PC_PROMISE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Nullability annotations are clang's; other compilers (gcc builds the C tests) skip them. */
+#if !defined(__clang__)
+#define _Nonnull
+#define _Nullable
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Outcome tags: the low two bits of a settled state word and the claim word. */
+#define PC_PENDING 0u
+#define PC_FULFILLED 1u
+#define PC_REJECTED 2u
+#define PC_CANCELLED 3u
+/* Claim word only: the promise is locked to follow another one. */
+#define PC_CLAIM_FOLLOWING 4u
+/* Claim word only: nobody has claimed the promise yet. */
+#define PC_CLAIM_FREE 0u
+
+typedef struct pc_node pc_node;
+typedef struct pc_promise pc_promise;
+
+/*
+ * Called once per registration with `source` = the promise that settled (from
+ * pc_publish, or from pc_observe when the promise had already settled), and again with
+ * `source` = NULL for each pc_defer of the node.
+ */
+typedef void (*pc_fire_fn)(pc_node *_Nonnull node, pc_promise *_Nullable source);
+
+/* An intrusive observer: lives inside the object that wants to be notified. */
+struct pc_node {
+    _Alignas(8) pc_node *_Nullable next; /* stack / trampoline link; owned by the list holder */
+    pc_fire_fn _Nullable fire;           /* set before pc_observe / pc_defer */
+};
+
+/* The C state of one promise. Zero-initialised means pending, unclaimed, no observers. */
+struct pc_promise {
+    uintptr_t state;    /* atomic: observer stack head | PC_STATE_FIRING | outcome */
+    uintptr_t claim;    /* atomic: PC_CLAIM_FREE, PC_CLAIM_FOLLOWING or an outcome */
+    pc_node node;       /* this promise's own node, for observing its parent or followee */
+    uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
+    uintptr_t tree_flags;   /* atomic: PC_TREE_* bits, and from bit 4 up the number of
+                           links pushed here (approximate, for pruning) */
+    uintptr_t holds;    /* atomic: PC_HOLDS_* bits and count, why the overlay keeps this
+                           promise's parent alive (see pc_holds_add) */
+    uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
+                             slot, written by the claim winner before pc_publish and read
+                             only after an acquire has seen PC_FULFILLED */
+    uintptr_t parent;     /* never touched here: the overlay's link to the promise this one
+                             was derived from, whose memory (not the promise) it holds;
+                             written once, before the promise is shared */
+    uintptr_t followee;   /* atomic, never touched here: the overlay's link to the promise
+                             this one follows, whose memory it holds; bit 1 says whether a
+                             cancel is forwarded to it */
+    pc_node spare_node; /* a node for the overlay's first `whenComplete` on a root, so
+                               that observer needs no allocation (NIO's CallbackList keeps
+                               its first callback inline too); its user is elected with
+                               pc_tree_flags_set(PC_TREE_FIRST_OBSERVER). A non-root (which
+                               never has that observer) uses it instead as its link in its
+                               parent's registry (`children`), once PC_TREE_LINKED */
+};
+
+/*
+ * Registers `node` on `promise`. Pending (or still firing): pushes it and returns; the
+ * settler fires it later, in registration order. Settled and quiescent: fires it at
+ * once on this thread, node->fire(node, promise), before returning.
+ */
+void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
+
+/*
+ * Moves the claim word from `expected` to `desired` in one CAS; true for the one caller
+ * that did. pc_claim(p, PC_CLAIM_FREE, outcome) elects the settler among racing resolvers.
+ * Full barrier: what a caller stored before a successful claim is visible to a caller
+ * whose later claim on the same word succeeds (FREE -> FOLLOWING, then FOLLOWING -> x).
+ */
+bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired);
+
+/* The claim word as last seen by this thread (no ordering: a hint for deciding what to try). */
+uintptr_t pc_claimed(const pc_promise *_Nonnull promise);
+
+/*
+ * Publishes the outcome in the claim word and fires every observer, in registration
+ * order, then any that registered while firing. Only for the claim winner, once; the
+ * outcome value must be stored before this call. Aborts if the claim holds no outcome.
+ */
+void pc_publish(pc_promise *_Nonnull promise);
+
+/* PC_PENDING, or the published outcome (acquire: the outcome value is then visible). */
+uintptr_t pc_state(const pc_promise *_Nonnull promise);
+
+/*
+ * Runs node->fire(node, NULL) on this thread: after the current fire callback returns
+ * when called from one (iteration instead of recursion), otherwise at once.
+ */
+void pc_defer(pc_node *_Nonnull node);
+
+/*
+ * Runs node->fire(node, NULL) on this thread once the current scope's deferred work is
+ * all done, newest first, still before the outermost pc_publish / pc_observe returns; or
+ * returns false, doing nothing, when the thread is in no scope. The overlay keeps the
+ * promises of a cascade of inline handlers alive until the cascade ends this way.
+ */
+bool pc_defer_late(pc_node *_Nonnull node);
+
+/*
+ * For an observer that would fire at once (the promise settled and quiescent) and
+ * defer itself: lets the caller run it inline instead, with no node. Returns the
+ * outcome (acquire: its value is visible) and opens a trampoline scope, if this thread
+ * is in no pc_publish / pc_observe / pc_defer scope and the promise is settled and
+ * quiescent; then the caller runs its observer and calls pc_inline_end, which runs the
+ * work the observer deferred, as pc_observe would have. Otherwise returns PC_PENDING
+ * and opens nothing: the caller registers a node as usual.
+ */
+uintptr_t pc_inline_begin(const pc_promise *_Nonnull promise);
+void pc_inline_end(void);
+
+/*
+ * For the owner's deinit only: the observers still registered on a promise that never
+ * settled (NULL if none), linked through `next`, so the owner can release them. Their
+ * nodes are the caller's from here on; they are not fired. Empties the list, so a
+ * second call returns NULL.
+ */
+pc_node *_Nullable pc_detach(pc_promise *_Nonnull promise);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PC_PROMISE_H */

@@ -1,0 +1,132 @@
+/*
+ * pc_registry.h: what a promise's tree needs after it settled, so that a cancel still
+ * reaches what is in flight below it: the cancellation registry (`children`), the tree
+ * flags (`tree_flags`: linked, a cancel being forwarded, the first-observer slot taken),
+ * the holds that keep the path of an in-flight descendant alive (`holds`), and the
+ * process-wide forwarding epoch.
+ *
+ *   function              caller                    progress
+ *   pc_children_push      any thread, any time      lock-free (CAS loop)
+ *   pc_children_take      any thread, any time      lock-free (CAS loop)
+ *   pc_children_forget    any thread                wait-free (one fetch-and-add)
+ *   pc_tree_flags_set     any thread, any time      lock-free (CAS loop; ends once the bit is set)
+ *   pc_tree_flags         any thread, any time      wait-free (one load)
+ *   pc_holds_*            any thread, any time      lock-free (CAS loops) or wait-free (fetch-and-add)
+ *   pc_forwarding_*       any thread                wait-free (one load or fetch-and-add)
+ *
+ * None of them needs external synchronisation against another or against the state
+ * machine's calls, except that the promise must be alive (its memory held) for all of
+ * them: the registry is taken whole and pushed back, never unlinked node by node.
+ */
+#ifndef PC_REGISTRY_H
+#define PC_REGISTRY_H
+
+#include "pc_promise.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * The cancellation registry: links to descendants that are still in flight after this
+ * promise settled (handlers queued on a context, children following another promise),
+ * so that a later cancel can reach them. A Treiber stack that, unlike the observer
+ * stack, outlives settling. Push is lock-free; take removes the whole stack at once, so
+ * nodes are never unlinked one by one (no ABA). Returns the number of links pushed so far
+ * (approximate under races; used only to decide when to prune).
+ */
+uintptr_t pc_children_push(pc_promise *_Nonnull promise, pc_node *_Nonnull link);
+
+/* Takes the whole registry (newest first, NULL if empty); the caller owns the nodes. */
+pc_node *_Nullable pc_children_take(pc_promise *_Nonnull promise);
+
+/* Lowers the registry's count after the caller dropped `count` links it had taken. */
+void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
+
+/* Bits of the `tree_flags` word. */
+#define PC_TREE_LINKED 1u           /* linked into the parent's registry */
+#define PC_TREE_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
+#define PC_TREE_FIRST_OBSERVER 8u   /* spare_node is taken (never cleared) */
+#define PC_TREE_COUNT_SHIFT 4u      /* the registry's link count sits above the four bits */
+#define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
+                                         in the registry later must be cancelled too */
+
+/*
+ * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
+ * canceller's PUBLISHED store is ordered before its pc_children_take, and pairs with the
+ * full barrier that pc_children_push ends with, so a link pushed concurrently is either
+ * taken by the canceller or sees PUBLISHED in the pusher's following pc_tree_flags load.
+ */
+bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
+
+/* The tree_flags word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
+uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise);
+
+/*
+ * The holds word: what keeps a settled promise's parent alive while a descendant is still
+ * in flight, so that a cancel from above can still reach that descendant through the
+ * registries on its path. The overlay decides what a hold is (a strong reference to the
+ * parent, taken on the first hold and dropped with the last); this word only counts:
+ * PC_HOLDS_SELF is the promise's own hold while it is in flight itself (set once, cleared
+ * once by pc_holds_clear_self), each PC_HOLDS_ONE a descendant's, and PC_HOLDS_GONE says
+ * the parent was found dead, so there is nothing to hold any more. Every operation is a
+ * full barrier: a promise that sets SELF and then reads its state pairs with the publisher
+ * that CASes the state and then reads this word (Dekker: one of them sees the other).
+ */
+#define PC_HOLDS_SELF 1u
+#define PC_HOLDS_GONE 2u
+#define PC_HOLDS_ONE 4u
+
+/* Adds `delta` only if the word already holds something; true if it did (no transition). */
+bool pc_holds_add_if_holding(pc_promise *_Nonnull promise, uintptr_t delta);
+
+/* Adds `delta` (PC_HOLDS_SELF or PC_HOLDS_ONE) and returns the word before. */
+uintptr_t pc_holds_add(pc_promise *_Nonnull promise, uintptr_t delta);
+
+/* Removes one PC_HOLDS_ONE and returns the word before. Aborts on underflow. */
+uintptr_t pc_holds_remove_one(pc_promise *_Nonnull promise);
+
+/* Clears PC_HOLDS_SELF if it is set and returns the word before (SELF set in it: this
+ * call cleared it). */
+uintptr_t pc_holds_clear_self(pc_promise *_Nonnull promise);
+
+/* Sets PC_HOLDS_GONE (the parent was found dead: it stays dead). */
+void pc_holds_mark_gone(pc_promise *_Nonnull promise);
+
+/* The holds word (acquire). */
+uintptr_t pc_holds(const pc_promise *_Nonnull promise);
+
+/*
+ * The forwarding epoch: one process-wide word that brackets every cancel forwarded through
+ * an already settled promise (pc_forwarding_begin before its PUBLISHED bit is set,
+ * pc_forwarding_end after). Low bits count the forwards in progress, the rest is an epoch
+ * that every end advances, so any begin or end changes the word.
+ *
+ * A handler's child that claimed its outcome reads the word (pc_forwarding_epoch) and
+ * compares it with the value its parent recorded at its own claim: equal and with no
+ * forward in progress means no PUBLISHED bit appeared on any ancestor in between, so the
+ * parent's "no cancel above me" still holds and only the parent itself needs a look. A
+ * different value (rare: a cancel of a settled promise ran somewhere meanwhile) sends the
+ * child up its ancestors. This is what lets a cancel of a settled promise reach a
+ * descendant whose handler is already running and that is in no registry.
+ *
+ * Written only by cancels of settled promises (rare); read by every handler's claim, a
+ * load of a line that stays shared in every cache.
+ */
+#define PC_FORWARDING_ACTIVE_MASK 0xFFFFFu /* forwards in progress (up to about a million) */
+#define PC_FORWARDING_EPOCH_ONE 0x100000u
+
+/* Before a forwarded cancel sets PC_TREE_CANCEL_PUBLISHED. Full barrier. */
+void pc_forwarding_begin(void);
+
+/* After that bit is set. Full barrier: a reader that sees the new word sees the bit. */
+void pc_forwarding_end(void);
+
+/* The word; call after the claim CAS (acquire: pairs with pc_forwarding_end). */
+uintptr_t pc_forwarding_epoch(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PC_REGISTRY_H */
