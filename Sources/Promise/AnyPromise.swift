@@ -436,11 +436,13 @@ public class AnyPromise: @unchecked Sendable {
     /// node went on to follow a promise (it is registered there, and the follow holds the
     /// path itself).
     ///
-    /// Cost: a retain and release of this promise and two thread-local list operations
-    /// per inline handler; the cascade's promises, which were alive before it started,
+    /// Cost, for a child whose parent is not a root: a retain and release of this promise
+    /// and two thread-local list operations per inline handler; the cascade's promises, which were alive before it started,
     /// are freed when it ends rather than one by one (no more memory at the peak).
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
-        guard followeeAddress == nil else { return false }
+        // A root parent needs no keeping: nobody can cancel a root that nobody holds, and
+        // one that somebody holds is alive anyway (as for `holdPathWhileInFlight`).
+        guard holdsItsParentInFlight, followeeAddress == nil else { return false }
         nodePointer.pointee.fire = cascadeEndFire
         guard deferUntilCascadeEnds() else { return false }
         settledParentRetain = parentRetain
