@@ -65,7 +65,7 @@ final class Aggregator: @unchecked Sendable {
             let node = UnsafeMutableRawPointer(slot).assumingMemoryBound(to: pc_node.self)
             node.pointee.fire = aggregatorSlotFire
             _ = Unmanaged.passRetained(self)
-            observe(input, with: node)
+            registerRawNode(node, on: input)
         }
     }
 

@@ -195,132 +195,8 @@ enum ParentLink {
     static let addressMask: UInt = ~UInt(7)
 }
 
-/// The link from a promise to the one it follows (`resolve(with:)`, or a handler that
-/// returned a promise): it holds the followee's memory, not the followee (a followee holds
-/// its followers in its observer list: a strong link back would be a cycle), from the
-/// moment the follower locks in until the follower dies. So it never dangles: reading it
-/// tries the followee (`swift_tryRetain`) without a lock, and a follower that outlives its
-/// followee keeps only the followee's bare object.
-///
-/// Written once, by the thread that won the claim to FOLLOWING, after that claim; read by
-/// a canceller that took the claim over from FOLLOWING (to forward its cancel, when the
-/// followee is work the follower owns) and by cycle detection (`wouldWaitOnItself`).
-enum FolloweeLink {
-    /// Bit 1 of the word: a cancel of the follower reaches the followee (a handler's
-    /// returned promise, which the child owns; not a `resolve(with:)` argument).
-    static let forwardsCancel: UInt = 2
-    static let addressMask: UInt = ~UInt(7)
-}
-
 extension AnyPromise {
-    /// Records `source` as the promise this one follows, holding its memory, then fences:
-    /// only for the thread whose claim to FOLLOWING won, once, right after it.
-    final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
-        let address = HeldMemory.hold(Unmanaged.passUnretained(source))
-        // Release: a canceller or a cycle check that reads the word sees `source`'s address
-        // only once its hold is in place.
-        pc_word_store(followeeWord, address | (forwardsCancel ? FolloweeLink.forwardsCancel : 0))
-        // StoreLoad: our link is visible before we read the links of the chain we would
-        // follow (`wouldWaitOnItself`); pairs with the same fence of a promise that starts
-        // following us at the same time.
-        pc_fence()
-    }
 
-    /// The followed promise's address (its memory held by us), or nil if we never followed.
-    final var followeeAddress: UnsafeMutableRawPointer? {
-        UnsafeMutableRawPointer(bitPattern: pc_word_load(followeeWord) & FolloweeLink.addressMask)
-    }
-
-    /// The followed promise if it is still alive and a cancel of ours should reach it.
-    final var followeeToCancel: AnyPromise? {
-        let word = pc_word_load(followeeWord)
-        guard word & FolloweeLink.forwardsCancel != 0,
-              let address = UnsafeMutableRawPointer(bitPattern: word & FolloweeLink.addressMask) else { return nil }
-        return HeldMemory.promiseIfAlive(at: address)
-    }
-
-    /// Whether following `source` would make this promise wait on itself: `source` is this
-    /// promise, or waits for it through a chain of waits of any length. A pending promise
-    /// waits for the promise it follows (locked in), and a pending child for its pending
-    /// parent (its handler has not run). Called by a promise that just locked in and
-    /// recorded its followee (`recordFollowee`), before it registers on `source`.
-    ///
-    /// Cost: when `source` is settled, or pending with no parent and following nothing
-    /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
-    /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
-    /// on, which ends at its first settled or parentless promise. No lock and no
-    /// allocation. A follow chain built tail-first pays its length at each link.
-    ///
-    /// Races: two promises locking in to follow each other at the same time each record
-    /// their link, fence, then read the other's; at least one of them sees the other's
-    /// link (the fences are ordered one way or the other), so a cycle can never close
-    /// unseen. Both may see it: both are then rejected, as they would be anyway.
-    ///
-    /// Not followed: waits through a combinator (a promise that follows `all([it])` waits
-    /// on an aggregate, which is not a follow link); such a loop stays pending.
-    final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
-        if source === self { return true }
-        let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
-        var current = source
-        while true {
-            let next: UnsafeMutableRawPointer
-            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
-                // Locked in but its link not recorded yet: it waits on nobody we can see,
-                // and its own check, after recording, sees our link (the fences).
-                guard let followee = current.followeeAddress else { return false }
-                next = followee
-            } else if let parent = current.parentAddress, current.isPending {
-                next = parent  // a child waits on its parent while it is pending
-            } else {
-                return false
-            }
-            if next == me { return true }
-            // Alive, or the chain ends here: nobody waits on a dead promise any more.
-            guard let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending else { return false }
-            current = alive
-        }
-    }
-
-    /// Rejects this promise, claimed as FOLLOWING by this thread, with
-    /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
-    /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
-    final func rejectAsCycle(parent: AnyPromise?) {
-        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else { return }
-        if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
-            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
-        } else {
-            failure = PromiseError.cycle
-        }
-        publishClaimedOutcome()
-    }
-}
-
-/// The fire callback of a promise's own node: `source` is the promise it observed
-/// (parent or followee) when that one settled, or nil when the node was deferred.
-@usableFromInline
-func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let owner = AnyPromise.owner(ofNode: node)
-    if let source {
-        // The node's retain is handed to `sourceDidSettle`, which keeps or releases it.
-        // Both references are borrowed, not retained for the call (a retain and a release
-        // each, on the runtime's slow path for promises with a side table): the source is
-        // held by whoever publishes or observes it until this returns, and the owner by the
-        // node's retain, which `sourceDidSettle` releases only as the last thing it does.
-        owner._withUnsafeGuaranteedRef { promise in
-            AnyPromise.owner(ofCore: source)._withUnsafeGuaranteedRef { source in
-                promise.sourceDidSettle(source, retained: owner)
-            }
-        }
-    } else {
-        owner.takeRetainedValue().runDeferred()
-    }
-}
-
-/// The late callback of `keepParentUntilCascadeEnds`: the cascade is over; the promise
-/// lets its parent go, then the late node's retain of it goes.
-func cascadeEndFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
-    promise.settledParentRetain.take()?.release()
 }
 
 // MARK: The first observer, inline in a root
@@ -444,106 +320,11 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
-/// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, an
-/// `ObserverBox`'s, an aggregator slot's, a waiter's) when a dying promise releases them.
-func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
-    unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
-}
-
 extension AnyPromise {
-    /// Releases what a dying promise owns without recursing, and answers the observers of
-    /// a promise that dies pending: they receive `PromiseError.brokenPromise`
-    /// (`breakObservers`) instead of waiting for ever. A settled parent that a child still
-    /// held for a handler that never ran is released in a loop: a promise that only we
-    /// still hold would release its own parent from inside its deinit, one level deeper
-    /// each time (a million-step chain would overflow the stack), so its links are stolen
-    /// into this loop first and it dies with nothing left to release.
-    final func releaseOwnedLinksIteratively() {
-        var work: UnsafeMutablePointer<pc_node>? = nil  // dying promises, linked by their free nodes
 
-        func release(_ owned: Unmanaged<AnyPromise>) {
-            // The runtime's check on the reference itself: `isKnownUniquelyReferenced` needs
-            // a strong variable, a retain and a release per promise of a dying chain.
-            guard SwiftRuntime.isUniquelyReferenced(owned.toOpaque()) else {
-                owned.release()
-                return
-            }
-            // Ours alone: keep the retain for the loop. Its node is in no list (a list would
-            // hold a retain), so it serves as our link.
-            let node = owned._withUnsafeGuaranteedRef { $0.nodePointer }
-            node.pointee.next = work
-            work = node
-        }
-
-        func stealLinks(of promise: AnyPromise) {
-            // Only `self` can be pending here: the loop below steals settled parents.
-            if let observers = pc_detach(promise.corePointer) { promise.breakObservers(observers) }
-            if let parent = promise.settledParentRetain {
-                promise.settledParentRetain = nil
-                release(parent)  // its link up holds the memory: `parent` answers nil once it died
-            }
-        }
-
-        stealLinks(of: self)
-        while let node = work {
-            work = node.pointee.next
-            let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
-            stealLinks(of: promise)
-            // `promise` dies here, with nothing left to release.
-        }
-    }
-
-    /// This promise is dying pending, and `detached` (newest first) are the observers still
-    /// registered on it: hands each, in registration order, to a stand-in promise of the
-    /// same type, already rejected with `PromiseError.brokenPromise`, on which it fires at
-    /// once as on any settled promise. So a child runs its error side (`recover` can still
-    /// turn the error into a value) and ends rejected, a `whenComplete` or an `await` gets
-    /// the failure, a combinator counts a rejected input, a follower is rejected; `onCancel`
-    /// handlers do not run (freeing is not cancelling). Observers on a context fire on it;
-    /// `.immediate` ones on this thread, through the core's trampoline (no recursion),
-    /// before the release that dropped the promise returns, as folly's `BrokenPromise`
-    /// callbacks run in the promise's destructor. Such a handler must not touch the
-    /// variable whose assignment dropped the promise (Swift's exclusivity check traps on
-    /// `holder.promise = nil` while a handler reads `holder.promise`).
-    ///
-    /// No registration can race with this: registering needs a reference to the promise,
-    /// and this runs once the last one is gone. A registration made before that is in the
-    /// list, since the last release happens after it on whatever thread made it.
-    final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
-        let dying = UnownedLink.address(of: self)
-        var ordered: UnsafeMutablePointer<pc_node>? = nil
-        var node: UnsafeMutablePointer<pc_node>? = detached
-        while let current = node {
-            node = current.pointee.next
-            current.pointee.next = ordered
-            ordered = current
-        }
-        let standIn = makeBrokenStandIn()
-        // One trampoline scope around the whole list, as a publish has: the observers fire
-        // as one batch, in registration order, and inline handlers run after the loop,
-        // not from inside it. (Inside another scope already, that scope runs them.)
-        let openedScope = standIn.beginInlineObservation() != nil
-        defer { if openedScope { endInlineObservation() } }
-        node = ordered
-        while let current = node {
-            node = current.pointee.next
-            if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFire) {
-                // Our own slot, whose memory goes with us: its observer moves to a box.
-                guard let observer = continuation.take() else { continue }
-                let context: (any ExecutionContext)? = nodeFires(current, through: firstObserverFire) ? takeContext() : nil
-                MovedSlotObserver(observer, context: context).register(on: standIn)
-                continue
-            }
-            // A link that points at us without holding our memory must go before it does.
-            if nodeFires(current, through: aggregatorSlotFire) {
-                clearAggregatorSlotInput(current, inputDyingAt: dying)
-            }
-            pc_observe(standIn.corePointer, current)  // the node's retain goes with it
-        }
-    }
 }
 
-// MARK: The tree_flags flags, the registry, the forwarding epoch and the holds word
+// MARK: The tree flags, the registry, the forwarding epoch and the holds word
 
 /// The bits of a promise's `tree_flags` word (see `pc_registry.h`).
 @usableFromInline
@@ -587,6 +368,19 @@ extension AnyPromise {
     final func holdsClearSelf() -> UInt { pc_holds_clear_self(corePointer) }
     final func holdsMarkGone() { pc_holds_mark_gone(corePointer) }
 
+    /// Takes the observers still registered on a promise that dies pending (deinit only).
+    final func detachObservers() -> UnsafeMutablePointer<pc_node>? {
+        pc_detach(corePointer)
+    }
+
+    /// The followee word (see `FolloweeLink`), read with acquire.
+    final var followeeWordValue: UInt { pc_word_load(followeeWord) }
+
+    /// Stores the followee word (release: the followee's memory hold is in place first).
+    final func storeFolloweeWord(_ value: UInt) {
+        pc_word_store(followeeWord, value)
+    }
+
     /// Runs the node's fire callback once the current cascade is over; false outside one.
     final func deferUntilCascadeEnds() -> Bool {
         pc_defer_late(nodePointer)
@@ -599,6 +393,11 @@ enum ForwardingEpoch {
     static func end() { pc_forwarding_end() }
     /// Read after the claim CAS (acquire).
     static var current: UInt { pc_forwarding_epoch() }
+}
+
+/// A full memory fence, StoreLoad included (`pc_fence`).
+func fullFence() {
+    pc_fence()
 }
 
 // MARK: The combinators' and waiters' helpers
@@ -615,6 +414,6 @@ func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
 
 /// Registers a raw node (an aggregator slot's) on `promise`; the caller set its fire
 /// callback and transferred whatever the node carries.
-func observe(_ promise: AnyPromise, with node: UnsafeMutablePointer<pc_node>) {
+func registerRawNode(_ node: UnsafeMutablePointer<pc_node>, on promise: AnyPromise) {
     pc_observe(promise.corePointer, node)
 }

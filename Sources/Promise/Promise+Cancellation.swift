@@ -131,27 +131,6 @@ extension AnyPromise {
         publishedTag == UInt(PC_CANCELLED) || treeFlags & TreeFlag.cancelPublished != 0
     }
 
-    /// `reject` for a handler settling its child (see `fulfillFromHandler`).
-    @usableFromInline
-    final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
-        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
-        if let reason = cancelReasonFromAncestors(parent: parent) {
-            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
-        } else {
-            failure = error
-        }
-        publishClaimedOutcome()
-    }
-
-    /// Turns the outcome this thread claimed (not yet published) into a cancel with
-    /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail.
-    @usableFromInline
-    final func turnClaimIntoCancel(from claimed: UInt32, reason: any Error) {
-        let moved = claim(from: claimed, to: PC_CANCELLED)
-        precondition(moved, "a claimed outcome changed under its owner")
-        failure = reason
-    }
-
     /// Registers `body` to run once if and when this promise is cancelled: the resolver
     /// side's hook to stop the work behind it (RXPromise's pattern). Runs at once if the
     /// promise is already cancelled; never runs if it settles any other way.

@@ -157,42 +157,6 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         FollowObserver(target: self).register(on: other)
     }
 
-    /// Settles with what `body` returns or throws, if the promise is still free.
-    @inlinable
-    func settle(_ body: () throws -> Value) {
-        do {
-            fulfill(try body())
-        } catch {
-            reject(error)
-        }
-    }
-
-    /// `fulfill` for a handler settling the child it belongs to: once the outcome is
-    /// claimed, a cancel that reached an ancestor first wins over it (see
-    /// `cancelReasonFromAncestors`), so a handler that was already running when the tree
-    /// was cancelled leaves its child cancelled, not fulfilled.
-    @inlinable
-    func fulfillFromHandler(_ value: Value, parent: AnyPromise) {
-        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return }
-        if let reason = cancelReasonFromAncestors(parent: parent) {
-            turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
-            publishClaimedOutcome()
-            return
-        }
-        storeValue(value)
-        publishClaimedOutcome()
-    }
-
-    /// `settle` for a handler settling its child (see `fulfillFromHandler`).
-    @inlinable
-    func settleFromHandler(parent: AnyPromise, _ body: () throws -> Value) {
-        do {
-            fulfillFromHandler(try body(), parent: parent)
-        } catch {
-            rejectFromHandler(error, parent: parent)
-        }
-    }
-
     // MARK: Reading the outcome
 
     /// The outcome `tag` (read with an acquire load, not PC_PENDING) as a `Result`. A

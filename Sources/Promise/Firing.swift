@@ -1,0 +1,182 @@
+import CPromiseCore
+
+// Firing: what happens to a child when the promise it observes settles. The core calls
+// `promiseNodeFire` for the child's node (CoreBridge registered it); the child either
+// hands its handler to its context or defers it on this thread's trampoline, runs it
+// with its parent's outcome, and lets the parent go when the handler is done.
+//
+// The walk of one value, from `fulfill` to a handler queued on a context, file by file:
+// Promise.swift `fulfill` -> CoreBridge `claim`, `publishClaimedOutcome` (pc_publish fires
+// the observers in order) -> here: `promiseNodeFire`, `sourceDidSettle` (links the child
+// for cancels, sends it to its context), `runContinuationTakingParent`, `runContinuation`
+// -> Continuations.swift `Continuation.run` (the user's handler) -> Settling.swift
+// `settleFromHandler`, `fulfillFromHandler` -> CoreBridge `publishClaimedOutcome` again.
+
+/// The fire callback of a promise's own node: `source` is the promise it observed
+/// (parent or followee) when that one settled, or nil when the node was deferred.
+@usableFromInline
+func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let owner = AnyPromise.owner(ofNode: node)
+    if let source {
+        // The node's retain is handed to `sourceDidSettle`, which keeps or releases it.
+        // Both references are borrowed, not retained for the call (a retain and a release
+        // each, on the runtime's slow path for promises with a side table): the source is
+        // held by whoever publishes or observes it until this returns, and the owner by the
+        // node's retain, which `sourceDidSettle` releases only as the last thing it does.
+        owner._withUnsafeGuaranteedRef { promise in
+            AnyPromise.owner(ofCore: source)._withUnsafeGuaranteedRef { source in
+                promise.sourceDidSettle(source, retained: owner)
+            }
+        }
+    } else {
+        owner.takeRetainedValue().runDeferred()
+    }
+}
+
+/// The late callback of `keepParentUntilCascadeEnds`: the cascade is over; the promise
+/// lets its parent go, then the late node's retain of it goes.
+func cascadeEndFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
+    promise.settledParentRetain.take()?.release()
+}
+
+extension AnyPromise {
+    /// The observed promise (parent or followee) settled; `retained` is the retain the
+    /// node carried, which this keeps (deferring the node) or releases. The caller borrows
+    /// `self` from that retain: nothing may touch `self` after releasing it.
+    @usableFromInline
+    final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
+        switch role {
+        case .continuation:
+            // Held until the handler is done (see `settledParentRetain`).
+            settledParentRetain = Unmanaged.passRetained(source)
+            if context.isImmediate {
+                deferOnThisThread()  // runs right after the current firing, no recursion
+                return
+            }
+            if source.carriesCancelForDescendants {
+                // The error side goes to the context now, in registration order with the
+                // other observers on it; cancelling this child itself is deferred (stack
+                // safety) but still happens before the settling call returns.
+                if source.isCancelled, continuation?.hasErrorSide == true {
+                    errorSideDispatched = true
+                    // The work holds the parent itself: `settledParentRetain` stays with
+                    // this thread's deferred half, which drops it (rare: one allocation
+                    // more for the closure's two captures).
+                    sendToContext { [source] in self.runContinuation(parent: source) }
+                }
+                deferOnThisThread()
+                return
+            }
+            // In flight after the parent settled: a later cancel must still reach us.
+            linkIntoParentChain(parent: source)
+            if source.carriesCancelForDescendants {
+                deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
+            } else {
+                sendToContext { self.runContinuationTakingParent() }
+                retained.release()
+            }
+        case .following:
+            let tag = source.publishedTag
+            if claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) {
+                // The parent if it is still alive: the handler that made us follow is done
+                // and dropped its hold (a dead parent has nothing to pass down any more).
+                if tag != UInt(PC_CANCELLED), let parent = parentIfAlive,
+                   let reason = cancelReasonFromAncestors(parent: parent) {
+                    turnClaimIntoCancel(from: UInt32(tag), reason: reason)
+                } else {
+                    copyOutcome(from: source, tag: tag)
+                }
+                deferOnThisThread()  // publishes right after the current firing
+            } else {
+                retained.release()  // cancelled while following: nothing to adopt
+            }
+        case .idle:
+            preconditionFailure("CPromiseCore fired an idle node")
+        }
+    }
+
+    /// The deferred half of `sourceDidSettle`, on the same thread, after the firing that
+    /// triggered it returned.
+    @usableFromInline
+    final func runDeferred() {
+        switch role {
+        case .continuation:
+            // The common case first, without a strong copy of the parent (a retain and a
+            // release) or building an optional error: no cancel to pass down.
+            let cancelToPassDown = settledParentRetain?._withUnsafeGuaranteedRef { $0.carriesCancelForDescendants } ?? false
+            guard cancelToPassDown, let parentRetain = settledParentRetain.take(),
+                  let reason = parentRetain._withUnsafeGuaranteedRef({ $0.cancelReasonForDescendants }) else {
+                runContinuationTakingParent()
+                return
+            }
+            // The hold on the parent is this thread's from here (taken above): released
+            // when this returns, after the handler's error side if it runs here.
+            let parent = parentRetain.takeRetainedValue()
+            // Cancellation flows down at once, whatever context the handler runs on. A
+            // cancelled parent still gives the handler its error side, for clean-up; a
+            // settled parent whose cancel is being forwarded gives it nothing to run.
+            cancel(reason: reason)
+            if errorSideDispatched { return }  // already on its context: do not touch it here
+            guard context.isImmediate, parent.isCancelled, continuation?.hasErrorSide == true else {
+                continuation = nil  // releases the handler unrun
+                return
+            }
+            runContinuation(parent: parent)  // immediate: the error side inline
+        case .following:
+            role = .idle
+            publishClaimedOutcome()
+        case .idle:
+            preconditionFailure("CPromiseCore deferred an idle node")
+        }
+    }
+
+    /// Runs the continuation with the parent that `settledParentRetain` holds, then drops
+    /// that hold: a settled child keeps nothing above it. Only for the thread the firing
+    /// handed the child to (its context, or the settling thread's trampoline).
+    @usableFromInline
+    final func runContinuationTakingParent() {
+        guard let parentRetain = settledParentRetain.take() else { return }
+        parentRetain._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
+        if keepParentUntilCascadeEnds(parentRetain) { return }
+        parentRetain.release()  // may free the parent, and iteratively the chain above it
+    }
+
+    /// In a cascade of handlers run inline by one settling call (`.immediate` children
+    /// settling their own children), keeps this promise and its hold on `parentRetain`
+    /// until the cascade is over (`pc_defer_late`), then drops both, newest first. So
+    /// while any handler of the cascade runs, every promise the cascade went through is
+    /// alive, and a cancel of an ancestor that someone holds still finds that handler's
+    /// child (through `cancelReasonFromAncestors`, or through the registries of a child
+    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False, doing
+    /// nothing, outside a cascade (a handler run by its context), or when this promise's
+    /// node went on to follow a promise (it is registered there, and the follow holds the
+    /// path itself).
+    ///
+    /// Cost, for a child whose parent is not a root: a retain and release of this promise
+    /// and two thread-local list operations per inline handler; the cascade's promises, which were alive before it started,
+    /// are freed when it ends rather than one by one (no more memory at the peak).
+    final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
+        // A root parent needs no keeping: nobody can cancel a root that nobody holds, and
+        // one that somebody holds is alive anyway (as for `holdPathWhileInFlight`).
+        guard holdsItsParentInFlight, followeeAddress == nil else { return false }
+        nodePointer.pointee.fire = cascadeEndFire
+        guard deferUntilCascadeEnds() else { return false }
+        settledParentRetain = parentRetain
+        _ = Unmanaged.passRetained(self)  // for the late node, released by `cascadeEndFire`
+        return true
+    }
+
+    /// Runs the continuation once, unless this promise was settled by someone else first
+    /// (then only a cancelled parent still gets the handler's error side). `parent` is
+    /// held by the caller for the call.
+    @usableFromInline
+    final func runContinuation(parent: AnyPromise) {
+        guard let handler = continuation.take() else { return }
+        // `role` stays `.continuation` (the settling thread may still read it in
+        // `runDeferred` while this runs on the context); `follow` moves it on.
+        let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
+        if !parentCancelled && claimHint != UInt(PC_CLAIM_FREE) { return }  // `handler` is released unrun
+        handler.run(parent, self)
+    }
+}

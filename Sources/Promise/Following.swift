@@ -1,0 +1,162 @@
+import CPromiseCore
+
+// Following: a promise locked in to settle as another does (`resolve(with:)`, or a child
+// whose handler returned a promise), the link that lets a cancel reach the followed
+// promise, and the check that no promise ever waits on itself.
+
+/// The link from a promise to the one it follows (`resolve(with:)`, or a handler that
+/// returned a promise): it holds the followee's memory, not the followee (a followee holds
+/// its followers in its observer list: a strong link back would be a cycle), from the
+/// moment the follower locks in until the follower dies. So it never dangles: reading it
+/// tries the followee (`swift_tryRetain`) without a lock, and a follower that outlives its
+/// followee keeps only the followee's bare object.
+///
+/// Written once, by the thread that won the claim to FOLLOWING, after that claim; read by
+/// a canceller that took the claim over from FOLLOWING (to forward its cancel, when the
+/// followee is work the follower owns) and by cycle detection (`wouldWaitOnItself`).
+enum FolloweeLink {
+    /// Bit 1 of the word: a cancel of the follower reaches the followee (a handler's
+    /// returned promise, which the child owns; not a `resolve(with:)` argument).
+    static let forwardsCancel: UInt = 2
+    static let addressMask: UInt = ~UInt(7)
+}
+
+extension AnyPromise {
+    /// Makes this promise follow `source` (same `Value`): it settles as `source` does.
+    /// Uses the promise's own node, so only call it when that node is free: from this
+    /// promise's continuation, once it ran (the only caller, `settleFollowing`), which
+    /// passes the parent it holds.
+    ///
+    /// The followed promise is work this promise owns (a cancel reaches it), linked
+    /// through `followeeWord` (see `FolloweeLink`). A promise that would follow itself,
+    /// directly or through a chain that leads back to it, is rejected with
+    /// `PromiseError.cycle` instead (see `wouldWaitOnItself` for the cost).
+    @usableFromInline
+    final func follow(_ source: AnyPromise, parent: AnyPromise) {
+        guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else {
+            // Settled first by someone else: a canceller's reason reaches the work too.
+            forwardCancelIfClaimed(to: source)
+            return
+        }
+        recordFollowee(source, forwardsCancel: true)
+        if wouldWaitOnItself(following: source) {
+            rejectAsCycle(parent: parent)
+            forwardCancelIfClaimed(to: source)
+            return
+        }
+        linkIntoParentChain(parent: parent)
+        observe(source, as: .following)
+        // Not recording: once observed, `source` may fire on another thread at once, and
+        // the adoption there runs the check again and records its epoch.
+        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
+            cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
+        } else {
+            // A canceller that took the claim over before our link was recorded (it reads
+            // the link after its claim; we read the claim after recording, and fenced).
+            forwardCancelIfClaimed(to: source)
+        }
+    }
+
+    /// For a promise that meant to follow `source` and found its claim taken by a
+    /// canceller (before its own claim, or over it before the link was recorded, so the
+    /// canceller could not see `source`): the cancel reaches `source` too, with its reason,
+    /// once published. The claim word, not the published state, decides: a canceller
+    /// publishes after it claims. Rare; an `onCancel` box.
+    final func forwardCancelIfClaimed(to source: AnyPromise) {
+        guard claimHint == UInt(PC_CANCELLED) else { return }
+        onCancel(withReason: { [source] reason in source.cancel(reason: reason) })
+    }
+
+    /// For a handler that leaves its child pending, to be settled later by someone else
+    /// (`Continuation.handOff`): links the child into its parent's cancellation registry,
+    /// so that a cancel forwarded through the settled parent still reaches it, and applies
+    /// one that reached an ancestor already.
+    @usableFromInline
+    final func stayInFlight(parent: AnyPromise) {
+        linkIntoParentChain(parent: parent)
+        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
+            cancel(reason: reason)
+        }
+    }
+
+    /// Records `source` as the promise this one follows, holding its memory, then fences:
+    /// only for the thread whose claim to FOLLOWING won, once, right after it.
+    final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
+        let address = HeldMemory.hold(Unmanaged.passUnretained(source))
+        // Release: a canceller or a cycle check that reads the word sees `source`'s address
+        // only once its hold is in place.
+        storeFolloweeWord(address | (forwardsCancel ? FolloweeLink.forwardsCancel : 0))
+        // StoreLoad: our link is visible before we read the links of the chain we would
+        // follow (`wouldWaitOnItself`); pairs with the same fence of a promise that starts
+        // following us at the same time.
+        fullFence()
+    }
+
+    /// The followed promise's address (its memory held by us), or nil if we never followed.
+    final var followeeAddress: UnsafeMutableRawPointer? {
+        UnsafeMutableRawPointer(bitPattern: followeeWordValue & FolloweeLink.addressMask)
+    }
+
+    /// The followed promise if it is still alive and a cancel of ours should reach it.
+    final var followeeToCancel: AnyPromise? {
+        let word = followeeWordValue
+        guard word & FolloweeLink.forwardsCancel != 0,
+              let address = UnsafeMutableRawPointer(bitPattern: word & FolloweeLink.addressMask) else { return nil }
+        return HeldMemory.promiseIfAlive(at: address)
+    }
+
+    /// Whether following `source` would make this promise wait on itself: `source` is this
+    /// promise, or waits for it through a chain of waits of any length. A pending promise
+    /// waits for the promise it follows (locked in), and a pending child for its pending
+    /// parent (its handler has not run). Called by a promise that just locked in and
+    /// recorded its followee (`recordFollowee`), before it registers on `source`.
+    ///
+    /// Cost: when `source` is settled, or pending with no parent and following nothing
+    /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
+    /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
+    /// on, which ends at its first settled or parentless promise. No lock and no
+    /// allocation. A follow chain built tail-first pays its length at each link.
+    ///
+    /// Races: two promises locking in to follow each other at the same time each record
+    /// their link, fence, then read the other's; at least one of them sees the other's
+    /// link (the fences are ordered one way or the other), so a cycle can never close
+    /// unseen. Both may see it: both are then rejected, as they would be anyway.
+    ///
+    /// Not followed: waits through a combinator (a promise that follows `all([it])` waits
+    /// on an aggregate, which is not a follow link); such a loop stays pending.
+    final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
+        if source === self { return true }
+        let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        var current = source
+        while true {
+            let next: UnsafeMutableRawPointer
+            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
+                // Locked in but its link not recorded yet: it waits on nobody we can see,
+                // and its own check, after recording, sees our link (the fences).
+                guard let followee = current.followeeAddress else { return false }
+                next = followee
+            } else if let parent = current.parentAddress, current.isPending {
+                next = parent  // a child waits on its parent while it is pending
+            } else {
+                return false
+            }
+            if next == me { return true }
+            // Alive, or the chain ends here: nobody waits on a dead promise any more.
+            guard let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending else { return false }
+            current = alive
+        }
+    }
+
+    /// Rejects this promise, claimed as FOLLOWING by this thread, with
+    /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
+    /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
+    final func rejectAsCycle(parent: AnyPromise?) {
+        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else { return }
+        if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
+        } else {
+            failure = PromiseError.cycle
+        }
+        publishClaimedOutcome()
+    }
+}

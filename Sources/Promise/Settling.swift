@@ -1,0 +1,90 @@
+import CPromiseCore
+
+// Settling: electing the one settler (the claim), storing the outcome and publishing it.
+// The resolver side's public calls (`fulfill`, `reject`, `resolve`) are in Promise.swift;
+// these are the shared steps and the variants a handler uses to settle its own child,
+// where a cancel that reached an ancestor first wins over the handler's result.
+
+extension AnyPromise {
+    /// Claims the promise for `outcome` (from free, or taking over from following),
+    /// stores `error` and publishes. False if it had been claimed already.
+    @usableFromInline
+    final func settleFailure(_ error: any Error, as outcome: UInt32) -> Bool {
+        settleFailureClaimingFrom(error, as: outcome) != nil
+    }
+
+    /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a
+    /// cancel of a follower, which must then reach the followee); nil if it lost.
+    final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {
+        let from: UInt32
+        if claim(from: PC_CLAIM_FREE, to: outcome) {
+            from = PC_CLAIM_FREE
+        } else if outcome == PC_CANCELLED && claim(from: PC_CLAIM_FOLLOWING, to: PC_CANCELLED) {
+            from = PC_CLAIM_FOLLOWING
+        } else {
+            return nil
+        }
+        failure = error
+        publishClaimedOutcome()
+        return from
+    }
+
+    /// `reject` for a handler settling its child (see `fulfillFromHandler`).
+    @usableFromInline
+    final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
+        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
+        if let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
+        } else {
+            failure = error
+        }
+        publishClaimedOutcome()
+    }
+
+    /// Turns the outcome this thread claimed (not yet published) into a cancel with
+    /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail.
+    @usableFromInline
+    final func turnClaimIntoCancel(from claimed: UInt32, reason: any Error) {
+        let moved = claim(from: claimed, to: PC_CANCELLED)
+        precondition(moved, "a claimed outcome changed under its owner")
+        failure = reason
+    }
+}
+
+extension Promise {
+    /// Settles with what `body` returns or throws, if the promise is still free.
+    @inlinable
+    func settle(_ body: () throws -> Value) {
+        do {
+            fulfill(try body())
+        } catch {
+            reject(error)
+        }
+    }
+
+    /// `fulfill` for a handler settling the child it belongs to: once the outcome is
+    /// claimed, a cancel that reached an ancestor first wins over it (see
+    /// `cancelReasonFromAncestors`), so a handler that was already running when the tree
+    /// was cancelled leaves its child cancelled, not fulfilled.
+    @inlinable
+    func fulfillFromHandler(_ value: Value, parent: AnyPromise) {
+        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return }
+        if let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
+            publishClaimedOutcome()
+            return
+        }
+        storeValue(value)
+        publishClaimedOutcome()
+    }
+
+    /// `settle` for a handler settling its child (see `fulfillFromHandler`).
+    @inlinable
+    func settleFromHandler(parent: AnyPromise, _ body: () throws -> Value) {
+        do {
+            fulfillFromHandler(try body(), parent: parent)
+        } catch {
+            rejectFromHandler(error, parent: parent)
+        }
+    }
+}

@@ -1,0 +1,104 @@
+import CPromiseCore
+
+// Teardown: what a dying promise releases, without recursion, and what it tells the
+// observers still registered on it if it dies pending (`PromiseError.brokenPromise`).
+// Called from the deinits (AnyPromise.swift).
+
+/// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, an
+/// `ObserverBox`'s, an aggregator slot's, a waiter's) when a dying promise releases them.
+func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
+    unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
+}
+
+extension AnyPromise {
+    /// Releases what a dying promise owns without recursing, and answers the observers of
+    /// a promise that dies pending: they receive `PromiseError.brokenPromise`
+    /// (`breakObservers`) instead of waiting for ever. A settled parent that a child still
+    /// held for a handler that never ran is released in a loop: a promise that only we
+    /// still hold would release its own parent from inside its deinit, one level deeper
+    /// each time (a million-step chain would overflow the stack), so its links are stolen
+    /// into this loop first and it dies with nothing left to release.
+    final func releaseOwnedLinksIteratively() {
+        var work: UnsafeMutablePointer<pc_node>? = nil  // dying promises, linked by their free nodes
+
+        func release(_ owned: Unmanaged<AnyPromise>) {
+            // The runtime's check on the reference itself: `isKnownUniquelyReferenced` needs
+            // a strong variable, a retain and a release per promise of a dying chain.
+            guard SwiftRuntime.isUniquelyReferenced(owned.toOpaque()) else {
+                owned.release()
+                return
+            }
+            // Ours alone: keep the retain for the loop. Its node is in no list (a list would
+            // hold a retain), so it serves as our link.
+            let node = owned._withUnsafeGuaranteedRef { $0.nodePointer }
+            node.pointee.next = work
+            work = node
+        }
+
+        func stealLinks(of promise: AnyPromise) {
+            // Only `self` can be pending here: the loop below steals settled parents.
+            if let observers = promise.detachObservers() { promise.breakObservers(observers) }
+            if let parent = promise.settledParentRetain {
+                promise.settledParentRetain = nil
+                release(parent)  // its link up holds the memory: `parent` answers nil once it died
+            }
+        }
+
+        stealLinks(of: self)
+        while let node = work {
+            work = node.pointee.next
+            let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
+            stealLinks(of: promise)
+            // `promise` dies here, with nothing left to release.
+        }
+    }
+
+    /// This promise is dying pending, and `detached` (newest first) are the observers still
+    /// registered on it: hands each, in registration order, to a stand-in promise of the
+    /// same type, already rejected with `PromiseError.brokenPromise`, on which it fires at
+    /// once as on any settled promise. So a child runs its error side (`recover` can still
+    /// turn the error into a value) and ends rejected, a `whenComplete` or an `await` gets
+    /// the failure, a combinator counts a rejected input, a follower is rejected; `onCancel`
+    /// handlers do not run (freeing is not cancelling). Observers on a context fire on it;
+    /// `.immediate` ones on this thread, through the core's trampoline (no recursion),
+    /// before the release that dropped the promise returns, as folly's `BrokenPromise`
+    /// callbacks run in the promise's destructor. Such a handler must not touch the
+    /// variable whose assignment dropped the promise (Swift's exclusivity check traps on
+    /// `holder.promise = nil` while a handler reads `holder.promise`).
+    ///
+    /// No registration can race with this: registering needs a reference to the promise,
+    /// and this runs once the last one is gone. A registration made before that is in the
+    /// list, since the last release happens after it on whatever thread made it.
+    final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
+        let dying = UnownedLink.address(of: self)
+        var ordered: UnsafeMutablePointer<pc_node>? = nil
+        var node: UnsafeMutablePointer<pc_node>? = detached
+        while let current = node {
+            node = current.pointee.next
+            current.pointee.next = ordered
+            ordered = current
+        }
+        let standIn = makeBrokenStandIn()
+        // One trampoline scope around the whole list, as a publish has: the observers fire
+        // as one batch, in registration order, and inline handlers run after the loop,
+        // not from inside it. (Inside another scope already, that scope runs them.)
+        let openedScope = standIn.beginInlineObservation() != nil
+        defer { if openedScope { endInlineObservation() } }
+        node = ordered
+        while let current = node {
+            node = current.pointee.next
+            if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFire) {
+                // Our own slot, whose memory goes with us: its observer moves to a box.
+                guard let observer = continuation.take() else { continue }
+                let context: (any ExecutionContext)? = nodeFires(current, through: firstObserverFire) ? takeContext() : nil
+                MovedSlotObserver(observer, context: context).register(on: standIn)
+                continue
+            }
+            // A link that points at us without holding our memory must go before it does.
+            if nodeFires(current, through: aggregatorSlotFire) {
+                clearAggregatorSlotInput(current, inputDyingAt: dying)
+            }
+            registerRawNode(current, on: standIn)  // the node's retain goes with it
+        }
+    }
+}
