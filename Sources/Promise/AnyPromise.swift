@@ -91,7 +91,7 @@ public class AnyPromise: @unchecked Sendable {
 
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs, or released with the promise if it never does.
-    @exclusivity(unchecked) final var continuation: Continuation?
+    @exclusivity(unchecked) final var continuation: StoredHandler?
     // The one-byte fields sit here, in the padding after `continuation` (33 bytes), not
     // at the end: declared last they would cost a word of their own, and the object
     // would cross into glibc's next chunk size (256 -> 272 bytes).

@@ -19,7 +19,7 @@ import CPromiseCore
 /// it is moved out exactly once, by `run` (the handler is released when it returns: a
 /// handler is consumed when it runs), or released by `deinit` if it never runs.
 @usableFromInline
-struct Continuation: ~Copyable, Sendable {
+struct StoredHandler: ~Copyable, Sendable {
     /// What `invoke` does: moves the handler out of `slot` (as the type it was stored as)
     /// and, given both promises, runs it on `source`'s published outcome to settle
     /// `target`; given nil, only releases it.
@@ -126,24 +126,24 @@ extension Promise {
 // the optimiser turns `guard let` bindings of the optional parameters into owned copies,
 // a retain and a release of each promise around the (opaque) handler call, which on
 // promises with a side table take the runtime's slow path.
-extension Continuation {
+extension StoredHandler {
     /// `whenComplete` kept in a root's first-observer slot: hands the outcome to `body`.
     /// (`target` is the same promise; nothing is settled.)
     @inlinable
-    static func completion<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (Result<T, any Error>) -> Void) -> Continuation {
+    static func completion<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (Result<T, any Error>) -> Void) -> StoredHandler {
         typealias Body = @Sendable (Result<T, any Error>) -> Void
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, _ in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, _ in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             body(unsafeDowncast(source.unsafelyUnwrapped, to: Promise<T>.self).publishedResult)
         }
     }
 
     @inlinable
-    static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> Continuation {
+    static func map<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> U) -> StoredHandler {
         typealias Body = @Sendable (T) throws -> U
-        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
@@ -156,10 +156,10 @@ extension Continuation {
     }
 
     @inlinable
-    static func flatMap<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> Promise<U>) -> Continuation {
+    static func flatMap<T: Sendable, U: Sendable>(_ body: @escaping @Sendable (T) throws -> Promise<U>) -> StoredHandler {
         typealias Body = @Sendable (T) throws -> Promise<U>
-        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
@@ -177,10 +177,10 @@ extension Continuation {
     /// holder may still settle it, and it is linked into its parent's cancellation
     /// registry, so a cancel forwarded through the parent still reaches it.
     @inlinable
-    static func handOff<T: Sendable>(_ body: @escaping @Sendable (T, Promise<T>) -> Void) -> Continuation {
+    static func handOff<T: Sendable>(_ body: @escaping @Sendable (T, Promise<T>) -> Void) -> StoredHandler {
         typealias Body = @Sendable (T, Promise<T>) -> Void
-        return Continuation(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -198,11 +198,11 @@ extension Continuation {
     static func both<T: Sendable, U: Sendable>(
         _ onFulfilled: @escaping @Sendable (T) throws -> U,
         _ onRejected: @escaping @Sendable (any Error) throws -> U
-    ) -> Continuation {
+    ) -> StoredHandler {
         typealias Body = HandlerPair<T, U>
-        return Continuation(storing: Body(onFulfilled, onRejected), as: Body.self,
+        return StoredHandler(storing: Body(onFulfilled, onRejected), as: Body.self,
                             hasErrorSide: true) { slot, source, target in
-            let handlers = Continuation.take(Body.self, from: slot)
+            let handlers = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<U>.self)
@@ -217,10 +217,10 @@ extension Continuation {
     }
 
     @inlinable
-    static func recover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> T) -> Continuation {
+    static func recover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> T) -> StoredHandler {
         typealias Body = @Sendable (any Error) throws -> T
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -235,10 +235,10 @@ extension Continuation {
     }
 
     @inlinable
-    static func flatRecover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) -> Continuation {
+    static func flatRecover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) -> StoredHandler {
         typealias Body = @Sendable (any Error) throws -> Promise<T>
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -255,10 +255,10 @@ extension Continuation {
     }
 
     @inlinable
-    static func mapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> any Error) -> Continuation {
+    static func mapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> any Error) -> StoredHandler {
         typealias Body = @Sendable (any Error) -> any Error
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -274,10 +274,10 @@ extension Continuation {
 
     /// `catch`: an error side effect; the outcome passes on unchanged.
     @inlinable
-    static func tapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> Void) -> Continuation {
+    static func tapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> Void) -> StoredHandler {
         typealias Body = @Sendable (any Error) -> Void
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -294,10 +294,10 @@ extension Continuation {
 
     /// `always`: a side effect on any outcome; the outcome passes on unchanged.
     @inlinable
-    static func always<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable () -> Void) -> Continuation {
+    static func always<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable () -> Void) -> StoredHandler {
         typealias Body = @Sendable () -> Void
-        return Continuation(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
-            let body = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+            let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)
@@ -311,10 +311,10 @@ extension Continuation {
     }
 
     @inlinable
-    static func validate<T: Sendable>(_ predicate: @escaping @Sendable (T) throws -> Bool) -> Continuation {
+    static func validate<T: Sendable>(_ predicate: @escaping @Sendable (T) throws -> Bool) -> StoredHandler {
         typealias Body = @Sendable (T) throws -> Bool
-        return Continuation(storing: predicate, as: Body.self, hasErrorSide: false) { slot, source, target in
-            let predicate = Continuation.take(Body.self, from: slot)
+        return StoredHandler(storing: predicate, as: Body.self, hasErrorSide: false) { slot, source, target in
+            let predicate = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
             let child = unsafeDowncast(target, to: Promise<T>.self)

@@ -229,7 +229,7 @@ extension AnyPromise {
     ///
     /// `immediate` picks the fire callback, so that firing never looks into the context.
     @usableFromInline
-    final func fillFirstObserverSlot(_ observer: consuming Continuation, immediate: Bool) {
+    final func fillFirstObserverSlot(_ observer: consuming StoredHandler, immediate: Bool) {
         continuation = consume observer
         if immediate {
             spareNodePointer.pointee.fire = firstObserverFireImmediate
@@ -307,7 +307,7 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
         // node or is released last.
         let queued = box._withUnsafeGuaranteedRef { observer in
             observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
-            if observer.queued { observer.sendToContext() }  // the work holds the box from here
+            if observer.queued { observer.scheduleFire() }  // the work holds the box from here
             return observer.queued
         }
         if queued {

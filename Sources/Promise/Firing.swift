@@ -9,7 +9,7 @@ import CPromiseCore
 // Promise.swift `fulfill` -> CoreBridge `claim`, `publishClaimedOutcome` (pc_publish fires
 // the observers in order) -> here: `promiseNodeFire`, `sourceDidSettle` (links the child
 // for cancels, sends it to its context), `runContinuationTakingParent`, `runContinuation`
-// -> Continuations.swift `Continuation.run` (the user's handler) -> Settling.swift
+// -> Continuations.swift `StoredHandler.run` (the user's handler) -> Settling.swift
 // `settleFromHandler`, `fulfillFromHandler` -> CoreBridge `publishClaimedOutcome` again.
 
 /// The fire callback of a promise's own node: `source` is the promise it observed

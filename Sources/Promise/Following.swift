@@ -68,7 +68,7 @@ extension AnyPromise {
     }
 
     /// For a handler that leaves its child pending, to be settled later by someone else
-    /// (`Continuation.handOff`): links the child into its parent's cancellation registry,
+    /// (`StoredHandler.handOff`): links the child into its parent's cancellation registry,
     /// so that a cancel forwarded through the settled parent still reaches it, and applies
     /// one that reached an ancestor already.
     @usableFromInline

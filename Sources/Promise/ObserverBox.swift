@@ -13,7 +13,7 @@ class ObserverBox: @unchecked Sendable {
     /// The promise that settled, retained; set when the node fires, taken when the box
     /// runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
     @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
-    /// True if the box runs on a context (`sendToContext`), false for `.immediate`.
+    /// True if the box runs on a context (`scheduleFire`), false for `.immediate`.
     @usableFromInline final let queued: Bool
 
     @inlinable
@@ -23,7 +23,7 @@ class ObserverBox: @unchecked Sendable {
 
     /// Hands `fire` to the box's context (queued boxes only).
     @usableFromInline
-    func sendToContext() {
+    func scheduleFire() {
         preconditionFailure("an immediate ObserverBox has no context")
     }
 
@@ -81,7 +81,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
     }
 
     @usableFromInline
-    override func sendToContext() {
+    override func scheduleFire() {
         context.execute { self.fire() }
     }
 }
@@ -122,16 +122,16 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
 /// (whose memory goes with the root) so that it can fire on the broken stand-in
 /// (`AnyPromise.breakObservers`).
 final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
-    private var observer: Continuation?
+    private var observer: StoredHandler?
     private let context: (any ExecutionContext)?
 
-    init(_ observer: consuming Continuation, context: (any ExecutionContext)?) {
+    init(_ observer: consuming StoredHandler, context: (any ExecutionContext)?) {
         self.observer = consume observer
         self.context = context
         super.init(queued: context != nil)
     }
 
-    override func sendToContext() {
+    override func scheduleFire() {
         context.unsafelyUnwrapped.execute { self.fire() }
     }
 

@@ -87,7 +87,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
-    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming Continuation) {
+    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
         super.init(parent: Unmanaged.passUnretained(parent))
         // `.immediate` is there already: skip the existential's generic assignment (and a
         // helper taking the existential as an argument would copy it: measured).
@@ -99,7 +99,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         observe(parent, as: .continuation)
     }
 
-    private static func initialize(_ slot: UnsafeMutablePointer<Continuation?>, with continuation: consuming Continuation) {
+    private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
         slot.initialize(to: .some(continuation))
     }
 
