@@ -125,10 +125,3 @@ func clearAggregatorSlotInput(_ node: UnsafeMutablePointer<pc_node>, inputDyingA
     UnownedLink.clear(inputWord(slot), ifPointingAt: input)
 }
 
-extension AnyPromise {
-    /// The error an aggregate reports for an input that did not fulfil: its rejection,
-    /// or its cancellation reason (an aggregate rejects; it does not cancel sideways).
-    final var failureForAggregate: any Error {
-        failure ?? CancellationError()
-    }
-}

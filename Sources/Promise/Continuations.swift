@@ -85,26 +85,6 @@ final class HandlerPair<T: Sendable, U: Sendable>: Sendable {
     }
 }
 
-/// The parent's published outcome, read without building a generic enum.
-extension AnyPromise {
-    @inlinable
-    final func fulfilledValue<T: Sendable>(as type: T.Type) -> T? {
-        publishedTag == UInt(PC_FULFILLED) ? unsafeDowncast(self, to: Promise<T>.self).storedValue : nil
-    }
-
-    /// The error of a rejected promise (nil if fulfilled or cancelled).
-    @inlinable
-    final var rejection: (any Error)? {
-        publishedTag == UInt(PC_REJECTED) ? failure : nil
-    }
-
-    /// The reason of a cancelled promise (nil otherwise).
-    @inlinable
-    final var cancellationReason: (any Error)? {
-        publishedTag == UInt(PC_CANCELLED) ? (failure ?? CancellationError()) : nil
-    }
-}
-
 extension Promise {
     /// Follows `promise` when a handler returned it; rejects if the handler threw.
     @inlinable

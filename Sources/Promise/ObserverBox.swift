@@ -96,7 +96,7 @@ final class CancelObserver: ObserverBox, @unchecked Sendable {
     }
 
     override func run(_ source: AnyPromise) {
-        if source.isCancelled { body(source.failure ?? CancellationError()) }
+        if source.isCancelled { body(source.failureOrCancellation) }
     }
 }
 

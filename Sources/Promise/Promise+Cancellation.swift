@@ -63,7 +63,7 @@ extension AnyPromise {
     /// The reason descendants must be cancelled with: this promise's own if it is
     /// cancelled, or that of a cancel forwarded through it after it settled; nil if none.
     final var cancelReasonForDescendants: (any Error)? {
-        if publishedTag == UInt(PC_CANCELLED) { return failure ?? CancellationError() }
+        if publishedTag == UInt(PC_CANCELLED) { return failureOrCancellation }
         guard treeFlags & TreeFlag.cancelPublished != 0 else { return nil }
         return forwardedCancelReason
     }

@@ -31,7 +31,7 @@ extension Promise {
                 guard aggregator.countDown() else { return }
                 output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
             } else {
-                output.reject(input.failureForAggregate)
+                output.reject(input.failureOrCancellation)
             }
         }
     }
@@ -77,7 +77,7 @@ extension Promise {
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else if aggregator.countDown() {
-                let errors = (0..<count).map { aggregator.settledInput(at: $0).failureForAggregate }
+                let errors = (0..<count).map { aggregator.settledInput(at: $0).failureOrCancellation }
                 output.reject(PromiseError.allRejected(errors))
             }
         }
@@ -98,7 +98,7 @@ extension Promise {
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else {
-                output.reject(input.failureForAggregate)
+                output.reject(input.failureOrCancellation)
             }
         }
     }
@@ -118,7 +118,7 @@ extension Promise {
         let output = Promise<(Value, repeat each Other)>()
         return Self.aggregate(inputs, into: output, countdown: inputs.count) { aggregator, _, input in
             guard input.isFulfilled else {
-                output.reject(input.failureForAggregate)
+                output.reject(input.failureOrCancellation)
                 return
             }
             guard aggregator.countDown() else { return }

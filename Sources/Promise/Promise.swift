@@ -157,26 +157,6 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         FollowObserver(target: self).register(on: other)
     }
 
-    // MARK: Reading the outcome
-
-    /// The outcome `tag` (read with an acquire load, not PC_PENDING) as a `Result`. A
-    /// cancelled promise reads as `.failure(reason)`.
-    @inlinable @inline(__always)
-    func result(published tag: UInt) -> Result<Value, any Error> {
-        tag == UInt(PC_FULFILLED) ? .success(storedValue) : .failure(failure ?? CancellationError())
-    }
-
-    /// The published outcome, for code that saw the promise settled (fire callbacks).
-    @inlinable @inline(__always)
-    var publishedResult: Result<Value, any Error> { result(published: publishedTag) }
-
-    /// The outcome once published, nil while pending.
-    @inlinable
-    var settledResult: Result<Value, any Error>? {
-        let tag = publishedTag
-        return tag == UInt(PC_PENDING) ? nil : result(published: tag)
-    }
-
     override func makeBrokenStandIn() -> AnyPromise {
         Promise(error: PromiseError.brokenPromise)
     }

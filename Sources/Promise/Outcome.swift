@@ -1,0 +1,63 @@
+import CPromiseCore
+
+// Reading a settled promise's outcome: every reader in one place. The outcome is stored
+// once by the claim winner (the value in the core's payload words, `storedValue` in
+// ValueStorage.swift; an error in `failure`) and readable only after an acquire load of
+// the state has seen it published (`publishedTag`). Which reader to use:
+//
+//   settledResult                 anyone: nil while pending, else a Result
+//   publishedResult               code that knows the promise settled (a fire callback)
+//   result(published: tag)        code that already loaded the tag (inline observation):
+//                                 a Result, without a second load
+//   fulfilledValue(as:),          a handler's `invoke`, which knows its parent's type
+//   rejection, cancellationReason statically: the one side it needs, without a generic
+//                                 enum
+//   failureOrCancellation         an outcome known not to be a value (an aggregate's
+//                                 failed input, a cancelled promise's reason)
+
+extension AnyPromise {
+    /// The error of a promise known to have failed: its rejection, or its cancellation
+    /// reason (`CancellationError()` when cancelled without one).
+    @inlinable
+    final var failureOrCancellation: any Error {
+        failure ?? CancellationError()
+    }
+
+    /// The value of a fulfilled promise of `Value` type `T` (nil if not fulfilled).
+    @inlinable
+    final func fulfilledValue<T: Sendable>(as type: T.Type) -> T? {
+        publishedTag == UInt(PC_FULFILLED) ? unsafeDowncast(self, to: Promise<T>.self).storedValue : nil
+    }
+
+    /// The error of a rejected promise (nil if fulfilled or cancelled).
+    @inlinable
+    final var rejection: (any Error)? {
+        publishedTag == UInt(PC_REJECTED) ? failure : nil
+    }
+
+    /// The reason of a cancelled promise (nil otherwise).
+    @inlinable
+    final var cancellationReason: (any Error)? {
+        publishedTag == UInt(PC_CANCELLED) ? failureOrCancellation : nil
+    }
+}
+
+extension Promise {
+    /// The outcome `tag` (read with an acquire load, not PC_PENDING) as a `Result`. A
+    /// cancelled promise reads as `.failure(reason)`.
+    @inlinable @inline(__always)
+    func result(published tag: UInt) -> Result<Value, any Error> {
+        tag == UInt(PC_FULFILLED) ? .success(storedValue) : .failure(failureOrCancellation)
+    }
+
+    /// The published outcome, for code that knows the promise settled (fire callbacks).
+    @inlinable @inline(__always)
+    var publishedResult: Result<Value, any Error> { result(published: publishedTag) }
+
+    /// The outcome once published, nil while pending.
+    @inlinable
+    var settledResult: Result<Value, any Error>? {
+        let tag = publishedTag
+        return tag == UInt(PC_PENDING) ? nil : result(published: tag)
+    }
+}
