@@ -40,10 +40,6 @@ public class AnyPromise: @unchecked Sendable {
     // the stored properties, and the C core addresses it there for the object's life.
     @usableFromInline final var core = pc_promise()
 
-    /// The error of a rejected or cancelled promise. Written once by the claim winner
-    /// before it publishes; read only after an acquire load has seen the outcome.
-    @usableFromInline @exclusivity(unchecked) final var failure: (any Error)?
-
     /// The parent, alive or nil: a strong reference if it is still alive, nil once it has
     /// begun dying.
     ///
@@ -94,7 +90,7 @@ public class AnyPromise: @unchecked Sendable {
     @exclusivity(unchecked) final var continuation: StoredHandler?
     // The one-byte fields sit here, in the padding after `continuation` (33 bytes), not
     // at the end: declared last they would cost a word of their own, and the object
-    // would cross into glibc's next chunk size (256 -> 272 bytes).
+    // would cross into glibc's next chunk size (240 -> 256 bytes).
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
     /// Set (and read) by the thread firing this child when it sent the handler's error side
     /// to the context because the parent was cancelled.
@@ -172,6 +168,7 @@ public class AnyPromise: @unchecked Sendable {
         if let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
             HeldMemory.release(followee)
         }
+        destroyFailure()
     }
 
     // MARK: State

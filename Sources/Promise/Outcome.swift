@@ -16,6 +16,33 @@ import CPromiseCore
 //                                 failed input, a cancelled promise's reason)
 
 extension AnyPromise {
+    /// The error of a rejected or cancelled promise. It has no field of its own: it sits
+    /// in the first of the core's payload words, which only a fulfilled promise's value
+    /// uses (a word less per promise, which keeps the object in glibc's 240-byte chunk).
+    /// Written by the claim winner of a failed outcome, before it publishes (a claim
+    /// turned from fulfilled into cancelled writes it before any value is stored); read
+    /// only by code that knows the outcome failed, after an acquire load has seen it;
+    /// destroyed by the deinit (`destroyFailure`). An all-zero word reads as nil.
+    @usableFromInline
+    final var failure: (any Error)? {
+        @inlinable get { failureSlot.pointee }
+        @inlinable set { failureSlot.pointee = newValue }
+    }
+
+    @inlinable
+    final var failureSlot: UnsafeMutablePointer<(any Error)?> {
+        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.payload)!)
+            .assumingMemoryBound(to: (any Error)?.self)
+    }
+
+    /// Releases the error of a promise whose claim is a failed outcome (deinit only; the
+    /// payload of any other promise is its value's, or untouched zeros).
+    final func destroyFailure() {
+        let claimed = claimHint
+        guard claimed == UInt(PC_REJECTED) || claimed == UInt(PC_CANCELLED) else { return }
+        failureSlot.deinitialize(count: 1)
+    }
+
     /// The error of a promise known to have failed: its rejection, or its cancellation
     /// reason (`CancellationError()` when cancelled without one).
     @inlinable
