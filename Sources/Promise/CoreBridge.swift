@@ -307,8 +307,9 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
         // node or is released last.
         let queued = box._withUnsafeGuaranteedRef { observer in
             observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
-            if observer.queued { observer.scheduleFire() }  // the work holds the box from here
-            return observer.queued
+            let queued = observer.queued
+            if queued { observer.scheduleFire() }  // the work holds the box from here
+            return queued
         }
         if queued {
             box.release()

@@ -13,13 +13,14 @@ class ObserverBox: @unchecked Sendable {
     /// The promise that settled, retained; set when the node fires, taken when the box
     /// runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
     @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
-    /// True if the box runs on a context (`scheduleFire`), false for `.immediate`.
-    @usableFromInline final let queued: Bool
+    /// True if the box runs on a context (`scheduleFire`), false for `.immediate`. A
+    /// property of the kind of box (overridden), not a stored flag: the flag's padding
+    /// cost 16 bytes per box.
+    @usableFromInline
+    var queued: Bool { false }
 
     @inlinable
-    init(queued: Bool = false) {
-        self.queued = queued
-    }
+    init() {}
 
     /// Hands `fire` to the box's context (queued boxes only).
     @usableFromInline
@@ -55,12 +56,12 @@ class CompletionObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     @usableFromInline let deliver: @Sendable (AnyPromise, @Sendable (Result<Value, any Error>) -> Void) -> Void
 
     @inlinable
-    init(queued: Bool = false, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
+    init(body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
         self.body = body
         self.deliver = { source, body in
             body(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
         }
-        super.init(queued: queued)
+        super.init()
     }
 
     @usableFromInline
@@ -77,8 +78,11 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
     @inlinable
     init(context: any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
         self.context = context
-        super.init(queued: true, body: body)
+        super.init(body: body)
     }
+
+    @usableFromInline
+    override var queued: Bool { true }
 
     @usableFromInline
     override func scheduleFire() {
@@ -128,8 +132,10 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
     init(_ observer: consuming StoredHandler, context: (any ExecutionContext)?) {
         self.observer = consume observer
         self.context = context
-        super.init(queued: context != nil)
+        super.init()
     }
+
+    override var queued: Bool { context != nil }
 
     override func scheduleFire() {
         context.unsafelyUnwrapped.execute { self.fire() }
