@@ -12,6 +12,11 @@
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
  *   pc_word_store,
  *   pc_word_unlock
+ *
+ * Synchronisation: pc_count_down, pc_once and pc_fence need none (each is one atomic
+ * operation on memory the caller keeps alive). A locked word needs its protocol, below:
+ * pc_word_unlock only by the thread whose pc_word_lock returned, and the target's memory
+ * freed only after a clear under the lock.
  */
 #ifndef PC_OVERLAY_H
 #define PC_OVERLAY_H
