@@ -311,23 +311,46 @@ extension AnyPromise {
     /// Adds `delta` to `start`'s holds; the first hold of a promise takes its parent and
     /// adds a hold there, and so on up to an ancestor that already holds, or whose parent
     /// is a root, gone, or absent.
+    ///
+    /// The path is secured top-down: a promise's hold becomes visible in its word only once
+    /// its parent counts a hold for it. So "a promise that holds has a hold counted at its
+    /// parent" is true at every moment, and a remover that drops a promise's last hold
+    /// (`removeHold`, bottom-up) always finds the parent's hold it removes next: it can
+    /// never overtake an adder's walk. An adder that finds, at its turn, that another hold
+    /// came first gives back the hold it had secured above (which cannot be the last one
+    /// there: the other hold has its own).
     private static func addHold(_ delta: UInt, to start: AnyPromise) {
+        guard start.holdsItsParentInFlight else { return }
+        if start.holdsAddIfHolding(delta) { return }  // held already: so is the path above
+        // Up: each promise whose parent is not held yet, with its parent (retained), until
+        // a parent that already holds (which counted us at once), does not count, or a
+        // parent that is gone.
+        var pairs: [(promise: AnyPromise, parent: AnyPromise)] = []
         var promise = start
-        var delta = delta
-        while promise.holdsItsParentInFlight {
-            if promise.holdsAddIfHolding(delta) { return }
-            // Maybe the first hold. The parent is taken before counting, so that a last
-            // release that comes after our count in the word's order finds it held by us,
-            // or PC_HOLDS_GONE set if it was dead (it then stays dead).
-            let parent = promise.parentIfAlive
-            if parent == nil { promise.holdsMarkGone() }
-            let before = promise.holdsAdd(delta)
-            // Another hold was first (our retain of the parent goes with `parent`), or the
-            // parent is dead: nothing more to hold.
-            guard before == 0, let parent else { return }
-            _ = Unmanaged.passRetained(parent)  // the promise's hold on its parent
+        var top: AnyPromise? = nil  // a promise with a dead parent, to count without one
+        while true {
+            guard let parent = promise.parentIfAlive else {
+                promise.holdsMarkGone()  // dead for good: nothing above to hold
+                top = promise
+                break
+            }
+            pairs.append((promise, parent))
+            if !parent.holdsItsParentInFlight || parent.holdsAddIfHolding(UInt(PC_HOLDS_ONE)) { break }
             promise = parent
-            delta = UInt(PC_HOLDS_ONE)
+        }
+        if let top {
+            // Counts the hold of the promise below it (or `start`'s own) with no parent to take.
+            _ = top.holdsAdd(top === start ? delta : UInt(PC_HOLDS_ONE))
+        }
+        // Down: each promise's hold becomes visible after its parent's.
+        for (promise, parent) in pairs.reversed() {
+            let before = promise.holdsAdd(promise === start ? delta : UInt(PC_HOLDS_ONE))
+            if before == 0 {
+                _ = Unmanaged.passRetained(parent)  // the promise's hold on its parent
+            } else {
+                // Another hold came first and has its own hold above: give ours back.
+                removeHold(UInt(PC_HOLDS_ONE), from: parent)
+            }
         }
     }
 
