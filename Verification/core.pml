@@ -21,6 +21,9 @@
  *   -DCYCLE         promises locking in to follow each other at the same time, and the
  *                   cycle check (a link store, a full fence, a walk of the links) that
  *                   keeps a ring of them from waiting for ever (-DNRING sizes it).
+ *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
+ *                   (AnyPromise.addHold / removeHold): two children going in flight under
+ *                   one settled parent while their settlers drop their holds.
  *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
@@ -38,6 +41,9 @@
  *   -DCYCLE -DBROKEN_NO_FENCE
  *                          the cycle check's walk reads the ring before the promise's own
  *                          link store is visible (no fence between them).
+ *   -DHOLDS -DBROKEN_BOTTOM_UP
+ *                          addHold makes a promise's first hold visible before its parent
+ *                          counts one for it (the order this session's first version used).
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -68,7 +74,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -883,7 +889,7 @@ init {
     assert(G % EPOCH_ONE == 0)              /* every forward ended */
 }
 
-#else
+#elif defined(CYCLE)
 /* ======================================================================================
  * Model 4 (-DCYCLE): promises that lock in to follow each other at the same time, and the
  * cycle check that keeps a ring of them from waiting for ever (AnyPromise.follow and
@@ -967,4 +973,98 @@ init {
     )
 }
 
+#endif
+
+#ifdef HOLDS
+/* ======================================================================================
+ * Model 5 (-DHOLDS): the holds words that keep the path of an in-flight descendant alive.
+ *
+ * Promise 2 (G) is a child of a root, so it counts nothing; promise 1 (P) is G's child and
+ * counts holds; promises 0 and 3 are P's children going in flight at the same time. For
+ * each of them, Child(c) runs AnyPromise.addHold(SELF) (holdPathWhileInFlight) while
+ * Settler(c) runs removeHold(SELF) as soon as SELF is visible (the publisher's half; the
+ * Dekker pairing with the state word is model-independent and not repeated here).
+ * `holds[n]` counts units (SELF included: a leaf has no other), `strong[n]` the strong
+ * references that holds keep on promise n (retained by the first hold of a child, released
+ * by its last). Each d_step is one atomic operation of pc_holds_* (full barriers: the
+ * model is sequentially consistent).
+ *
+ * Properties: no hold is ever removed that was not added (pc_holds_remove_one's abort),
+ * no strong reference is released that was not taken, and when every process is done,
+ * every count is back to zero.
+ * ====================================================================================== */
+
+short holds[4];
+short strong[4];
+bit   selfset[4];
+
+/* removeHold(ONE, from: P): P's last hold lets G go (G counts nothing). */
+inline remove_one_at_parent() {
+    d_step { b1 = holds[1]; holds[1]--; };
+    assert(b1 >= 1);                                   /* pc_holds_remove_one's check */
+    if
+    :: b1 == 1 -> strong[2]--; assert(strong[2] >= 0)
+    :: else
+    fi
+}
+
+proctype Child(byte c) {
+    short before, b1;
+    bool secured;
+#ifdef BROKEN_BOTTOM_UP
+    strong[1]++;                                                 /* parentIfAlive: P, kept */
+    d_step { before = holds[c]; holds[c]++; selfset[c] = 1 };   /* the hold, visible first */
+    if
+    :: before == 0 ->
+        d_step { if :: holds[1] != 0 -> holds[1]++; secured = true :: else -> secured = false fi };
+        if
+        :: !secured ->
+            d_step { b1 = holds[1]; holds[1]++ };
+            if :: b1 == 0 -> strong[2]++ :: else fi
+        :: else
+        fi
+    :: else -> strong[1]--
+    fi
+#else
+    strong[1]++;                                                 /* parentIfAlive: P, for the walk */
+    /* up: pc_holds_add_if_holding on P (P holds already: it counted us at once) */
+    d_step { if :: holds[1] != 0 -> holds[1]++; secured = true :: else -> secured = false fi };
+    if
+    :: !secured ->                                               /* down: P's hold first */
+        strong[2]++;                                             /* parentIfAlive: G, for the walk */
+        d_step { b1 = holds[1]; holds[1]++ };
+        if :: b1 == 0 -> strong[2]++ :: else fi;                 /* P's first hold keeps G */
+        strong[2]--; assert(strong[2] >= 0)                      /* the walk lets go of G */
+    :: else
+    fi;
+    d_step { before = holds[c]; holds[c]++; selfset[c] = 1 };   /* then ours, visible */
+    if
+    :: before == 0 -> strong[1]++                                /* our first hold keeps P */
+    :: else -> remove_one_at_parent()                            /* gives back what we added */
+    fi;
+    strong[1]--; assert(strong[1] >= 0)                          /* the walk lets go of P */
+#endif
+}
+
+proctype Settler(byte c) {
+    short before, b1;
+    d_step { selfset[c] == 1 -> selfset[c] = 0; before = holds[c]; holds[c]-- };  /* clear SELF */
+    assert(before >= 1);
+    if
+    :: before == 1 ->                                            /* our last hold: up */
+        remove_one_at_parent();
+        strong[1]--; assert(strong[1] >= 0)
+    :: else
+    fi
+}
+
+init {
+    atomic {
+        run Child(0); run Settler(0);
+        run Child(3); run Settler(3)
+    }
+    timeout;
+    assert(holds[0] == 0 && holds[1] == 0 && holds[3] == 0);
+    assert(strong[1] == 0 && strong[2] == 0)
+}
 #endif

@@ -73,6 +73,9 @@ $(eval $(call verify_run,epoch-cancel-parent-safety,pass,-DEPOCH -DCANCEL_P,$(PA
 $(eval $(call verify_run,cycle-ring2-safety,pass,-DCYCLE -DNRING=2,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,cycle-ring3-safety,pass,-DCYCLE -DNRING=3,$(PAN_SAFETY),-m100000))
 
+# The holds words: two children going in flight under one parent while they settle.
+$(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
+
 # Broken variants (-I: a shortened counterexample).
 $(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_BROKEN),-m100000 -w22 -I))
@@ -98,3 +101,4 @@ verify-broken: verify-deps
 verify-deferred-order: verify-deps
 	@$(VERIFY_RUN) fail deferred-order $(VERIFY_DIR) $(VERIFY_MODEL) \
 		'-DDEFERRED_ORDER' '$(PAN_BROKEN)' '-m100000 -w22 -I'
+$(eval $(call verify_run,broken-holds-bottom-up,fail,-DHOLDS -DBROKEN_BOTTOM_UP,$(PAN_BROKEN),-m100000 -I))
