@@ -37,11 +37,6 @@ struct BigValue: Sendable {
     var a = 1, b = 2, c = 3, d = 4
 }
 
-/// A context that drops every piece of work unrun.
-struct DroppingContext: ExecutionContext {
-    func execute(_ work: @escaping @Sendable () -> Void) {}
-}
-
 /// A context that runs work synchronously inside `execute` (inside the firing).
 struct InlineContext: ExecutionContext {
     func execute(_ work: @escaping @Sendable () -> Void) { work() }
@@ -63,30 +58,20 @@ final class WeakBox: @unchecked Sendable {
     init(_ object: AnyObject?) { self.object = object }
 }
 
-/// Polls `condition` until true or `timeout` seconds pass.
-func advEventually(_ timeout: TimeInterval = 10, _ condition: () -> Bool) -> Bool {
-    let deadline = Date(timeIntervalSinceNow: timeout)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(1000)
-    }
-    return condition()
-}
-
 final class AdversarialHoldTests: XCTestCase {
     override func setUp() {
         super.setUp()
         // Leftovers from other tests' async work may still be alive: settle first.
-        _ = advEventually(5) { LiveCount.shared.value == 0 }
+        _ = eventually(timeout: 5) { LiveCount.shared.value == 0 }
     }
 
     private func assertNoLiveObjects(_ message: String = "", file: StaticString = #filePath, line: UInt = #line) {
-        XCTAssertTrue(advEventually(10) { LiveCount.shared.value == 0 },
+        XCTAssertTrue(eventually { LiveCount.shared.value == 0 },
                       "live counted objects: \(LiveCount.shared.value) \(message)", file: file, line: line)
     }
 
     private func assertAllGone(_ boxes: [WeakBox], _ message: String = "", file: StaticString = #filePath, line: UInt = #line) {
-        let ok = advEventually(10) { boxes.allSatisfy { $0.object == nil } }
+        let ok = eventually { boxes.allSatisfy { $0.object == nil } }
         let alive = boxes.enumerated().filter { $0.element.object != nil }.map(\.offset)
         XCTAssertTrue(ok, "still alive: \(alive.prefix(20)) \(message)", file: file, line: line)
     }
@@ -359,7 +344,7 @@ final class AdversarialHoldTests: XCTestCase {
                 XCTAssertEqual(parking.count, 1)
                 if mode == 0 { parking.runAll() } else { parking.dropAll() }
             }
-            XCTAssertTrue(advEventually(10) { weakRoot == nil && weakLeaf == nil }, "mode \(mode)")
+            XCTAssertTrue(eventually { weakRoot == nil && weakLeaf == nil }, "mode \(mode)")
         }
         // A deep chain of parked handlers, each going in flight in turn.
         let parking = ParkingContext()
@@ -374,7 +359,7 @@ final class AdversarialHoldTests: XCTestCase {
             while parking.count > 0 && rounds < 30_000 { parking.runAll(); rounds += 1 }
             XCTAssertTrue(last.isFulfilled)
         }
-        XCTAssertTrue(advEventually(10) { weakLast == nil })
+        XCTAssertTrue(eventually { weakLast == nil })
     }
 
     // 10. cancel racing settle (fulfill/reject with class errors) on many threads, on
@@ -405,7 +390,7 @@ final class AdversarialHoldTests: XCTestCase {
                 DispatchQueue.global().async(group: group) { mid.cancel(reason: CountedError(8)) }
                 XCTAssertEqual(group.wait(timeout: .now() + 10), .success)
                 for q in qs { _ = try? q.wait(timeout: .seconds(10)) }
-                for d in ds { XCTAssertTrue(advEventually(10) { !d.isPending }) }
+                for d in ds { XCTAssertTrue(eventually { !d.isPending }) }
             }
             assertAllGone(boxes, "round \(round)")
         }

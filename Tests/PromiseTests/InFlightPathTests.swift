@@ -140,7 +140,7 @@ final class InFlightPathTests: XCTestCase {
     func testADroppedInFlightChildLetsItsPathGo() {
         let root = Promise<Int>()
         let middle = WeakPromise()
-        let sink = DropContext()
+        let sink = DroppingContext()
         do {
             let step = root.map(on: .immediate) { $0 + 1 }
             middle.promise = step
@@ -149,9 +149,4 @@ final class InFlightPathTests: XCTestCase {
         root.fulfill(1)
         XCTAssertNil(middle.promise, "a child that dies in flight holds nothing any more")
     }
-}
-
-/// A context that drops the work it is given (a shut-down executor).
-private struct DropContext: ExecutionContext {
-    func execute(_ work: @escaping @Sendable () -> Void) {}
 }

@@ -437,3 +437,8 @@ struct Payload: Sendable {
 final class WeakPromise: @unchecked Sendable {
     weak var promise: AnyPromise?
 }
+
+/// A context that drops every piece of work unrun (a shut-down executor).
+struct DroppingContext: ExecutionContext {
+    func execute(_ work: @escaping @Sendable () -> Void) {}
+}
