@@ -1,11 +1,11 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 // Small programs a newcomer reads first. A package of its own, so the library's own
 // Package.swift stays free of dependencies: SwiftNIO is a dependency of this package only.
 //
 //   demo        the guided tour (`make demo`): Promise alone, no NIO
-//   PromiseNIO  an ExecutionContext for SwiftNIO's EventLoop, and Promise <-> EventLoopFuture
 //   server      an HTTP server on SwiftNIO whose handler fans out to promise-returning
-//               lookups (`make server-load` loads it with wrk)
+//               lookups (`make server-load` loads it with wrk), through the library's
+//               PromiseNIO product (the package trait SwiftNIO turns it on)
 //
 // The documentation of the Promise module is built by the docs-only package in Docs/
 // (`make docs`), which holds the swift-docc-plugin dependency.
@@ -15,11 +15,8 @@ let package = Package(
     name: "PromiseExamples",
     // `Duration` (timeouts) on Apple platforms; NIO's own minimums are lower.
     platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
-    products: [
-        .library(name: "PromiseNIO", targets: ["PromiseNIO"]),
-    ],
     dependencies: [
-        .package(name: "Promise", path: ".."),
+        .package(name: "Promise", path: "..", traits: ["SwiftNIO"]),
         .package(url: "https://github.com/apple/swift-nio", "2.101.0"..<"2.102.0"),
     ],
     targets: [
@@ -27,31 +24,15 @@ let package = Package(
             name: "demo",
             dependencies: [.product(name: "Promise", package: "Promise")]
         ),
-        .target(
-            name: "PromiseNIO",
-            dependencies: [
-                .product(name: "Promise", package: "Promise"),
-                .product(name: "NIOCore", package: "swift-nio"),
-            ]
-        ),
         .executableTarget(
             name: "server",
             dependencies: [
-                "PromiseNIO",
                 .product(name: "Promise", package: "Promise"),
+                .product(name: "PromiseNIO", package: "Promise"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ]
-        ),
-        .testTarget(
-            name: "PromiseNIOTests",
-            dependencies: [
-                "PromiseNIO",
-                .product(name: "Promise", package: "Promise"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
     ],

@@ -1,9 +1,10 @@
-# Examples and documentation. Examples/ is a package of its own (SwiftNIO is
-# its dependency, never the library's); Examples/Docs is a docs-only package that holds
-# the swift-docc-plugin.
+# Examples and documentation. Examples/ is a package of its own that uses the library's
+# PromiseNIO product (SwiftNIO is a dependency of PromiseNIO, behind the package trait
+# SwiftNIO, never of Promise); Examples/Docs is a docs-only package that holds the
+# swift-docc-plugin.
 #
 #   make demo            (main Makefile) the guided tour, Examples/Sources/demo
-#   make examples-test   builds every example (warnings as errors) and runs PromiseNIO's tests
+#   make examples-test   builds every example with warnings as errors
 #   make server          builds the example HTTP server (SERVER_CONFIG: release, or debug
 #                        for a quicker first build of SwiftNIO and a slower server)
 #   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
@@ -33,9 +34,8 @@ LOAD_CONNECTIONS ?= 32
 .PHONY: examples-test server server-load wrk-deps docs
 
 examples-test: deps
-	@echo "==> examples-test: Examples/ (demo, PromiseNIO, server) with warnings as errors, PromiseNIO's tests"
+	@echo "==> examples-test: Examples/ (demo, server) with warnings as errors"
 	cd $(EXAMPLES_DIR) && $(SWIFT) build --build-tests $(EXAMPLES_FLAGS)
-	cd $(EXAMPLES_DIR) && $(SWIFT) test --skip-build --disable-swift-testing
 
 server: deps
 	@echo "==> server: Examples/ HTTP server on SwiftNIO ($(SERVER_CONFIG))"

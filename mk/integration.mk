@@ -1,8 +1,12 @@
 # Embeddable: the library as an outside package sees it, and its public surface.
 #
-#   make integration  IntegrationTests/Consumer, a package of its own that depends on this
-#                     one by path: builds it and its tests with warnings as errors (Swift 6
-#                     and Swift 5 language modes), runs its XCTests and both programs
+#   make integration  the two packages of IntegrationTests/, each built with warnings as
+#                     errors and run, first by path to this repository, then by a git URL
+#                     (a bare clone of the committed HEAD, tagged 1.0.0):
+#                       Consumer     Promise alone (Swift 6 and Swift 5 language modes, its
+#                                    XCTests, both programs); fails if SwiftNIO was
+#                                    fetched, pinned or built for it
+#                       NIOConsumer  PromiseNIO, with the SwiftNIO package trait
 #   make api-check    compares the Promise module's public symbols with Scripts/public-api.txt
 #   make api-update   rewrites Scripts/public-api.txt after an intended API change
 
@@ -12,12 +16,9 @@ PYTHON       ?= python3
 .PHONY: integration api-check api-update clean-integration
 
 integration: deps
-	@echo "==> integration: $(CONSUMER_DIR), depending on Promise by path (warnings as errors)"
-	$(SWIFT) build --package-path $(CONSUMER_DIR) --build-tests $(SWIFT_FLAGS)
-	$(SWIFT) test --package-path $(CONSUMER_DIR) --skip-build --disable-swift-testing $(SWIFT_FLAGS)
-	@bin="$$($(SWIFT) build --package-path $(CONSUMER_DIR) --show-bin-path $(SWIFT_FLAGS))" && \
-		echo "$$bin/consumer-swift5" && "$$bin/consumer-swift5" && \
-		echo "$$bin/consumer" && "$$bin/consumer"
+	@echo "==> integration: IntegrationTests/ by path, then by git URL (warnings as errors)"
+	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-consumers.sh path
+	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-consumers.sh git
 
 api-check: deps
 	@echo "==> api-check: public symbols of Promise vs Scripts/public-api.txt"
@@ -28,4 +29,4 @@ api-update: deps
 	@SWIFT="$(SWIFT)" $(PYTHON) Scripts/check-public-api.py --update
 
 clean-integration:
-	rm -rf $(CONSUMER_DIR)/.build .build-api
+	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build $(BUILD_DIR)/integration-git .build-api

@@ -1,3 +1,4 @@
+#if SwiftNIO
 import NIOCore
 import NIOPosix
 import Promise
@@ -101,6 +102,89 @@ final class PromiseNIOTests: XCTestCase {
         XCTAssertTrue(promise.isCancelled)
     }
 
+    func testCancellingAPromiseFromAFutureStopsWaitingAtOnce() throws {
+        let loop = group.next()
+        let nio = loop.makePromise(of: Int.self)
+        let promise = Promise(nio.futureResult)
+        let child = promise.then(on: .immediate) { $0 + 1 }
+        final class Flag: @unchecked Sendable { var value = false }
+        let stopped = Flag()
+        promise.onCancel { stopped.value = true }
+        promise.cancel()
+        // Settled before the future completes: nobody waits for NIO any more.
+        XCTAssertTrue(promise.isCancelled)
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(stopped.value, "onCancel is where the caller stops the work NIO cannot cancel")
+        nio.succeed(1)
+        XCTAssertThrowsError(try child.wait(timeout: .seconds(5))) { XCTAssertTrue($0 is CancellationError) }
+    }
+
+    func testCancellingAPromiseFromAScheduledTaskCancelsTheTask() throws {
+        let loop = group.next()
+        final class Flag: @unchecked Sendable { var value = false }
+        let ran = Flag()
+        let scheduled = loop.scheduleTask(in: .milliseconds(200)) { () -> Int in
+            ran.value = true
+            return 1
+        }
+        let promise = Promise(scheduled)
+        promise.cancel()
+        // The task's future fails with NIO's own cancellation error once the task is cancelled.
+        XCTAssertThrowsError(try scheduled.futureResult.wait()) {
+            XCTAssertEqual($0 as? EventLoopError, EventLoopError.cancelled)
+        }
+        XCTAssertFalse(try loop.submit { ran.value }.wait(), "the cancelled task never ran")
+        XCTAssertTrue(promise.isCancelled)
+
+        let onTime = loop.scheduleTask(in: .milliseconds(1)) { 3 }.promise()
+        XCTAssertEqual(try onTime.wait(timeout: .seconds(5)), 3)
+    }
+
+    func testHopSettlesOnTheLoop() throws {
+        let loop = group.next()
+        let source = Promise<Int>()
+        let hopped = source.hop(to: loop)
+        XCTAssertTrue(hopped.parent === source)
+        let seen = hopped.then(on: .immediate) { ($0, loop.inEventLoop) }
+        source.fulfill(4)  // on this test thread, not the loop
+        let (value, onLoop) = try seen.wait(timeout: .seconds(5))
+        XCTAssertEqual(value, 4)
+        XCTAssertTrue(onLoop)
+
+        let failed = Promise<Int>(error: Boom()).hop(to: loop)
+            .recover(on: .immediate) { _ in loop.inEventLoop ? 1 : 0 }
+        XCTAssertEqual(try failed.wait(timeout: .seconds(5)), 1, "a rejection hops too")
+
+        // On the loop itself it still hops: nothing runs inside the call.
+        let inline = try loop.submit { () -> Bool in
+            Promise(value: 1).hop(to: loop).isPending
+        }.wait()
+        XCTAssertTrue(inline)
+    }
+
+    func testCompleteANIOPromiseWithAPromise() throws {
+        let loop = group.next()
+        let fulfilled = loop.makePromise(of: Int.self)
+        let source = Promise<Int>()
+        fulfilled.completeWith(source)
+        source.fulfill(6)
+        XCTAssertEqual(try fulfilled.futureResult.wait(), 6)
+
+        let cancelled = loop.makePromise(of: Int.self)
+        let cancelledSource = Promise<Int>()
+        cancelled.completeWith(cancelledSource)
+        cancelledSource.cancel(reason: Boom())
+        XCTAssertThrowsError(try cancelled.futureResult.wait()) { XCTAssertEqual($0 as? Boom, Boom()) }
+
+        let broken = loop.makePromise(of: Int.self)
+        var dropped: Promise<Int>? = Promise<Int>()
+        broken.completeWith(dropped!)
+        dropped = nil
+        XCTAssertThrowsError(try broken.futureResult.wait()) {
+            guard case PromiseError.brokenPromise = $0 else { return XCTFail("got \($0)") }
+        }
+    }
+
     func testAwaitingAcrossTheBridge() async throws {
         let loop = group.next()
         let value = try await Promise(loop.makeSucceededFuture(41)).then(on: .eventLoop(loop)) { $0 + 1 }.value
@@ -109,3 +193,4 @@ final class PromiseNIOTests: XCTestCase {
         XCTAssertEqual(back, 5)
     }
 }
+#endif

@@ -1,4 +1,6 @@
-// SwiftNIO's EventLoop as an ExecutionContext.
+// SwiftNIO's EventLoop as an ExecutionContext. Built with the package trait SwiftNIO
+// (TraitOff.swift says how to enable it when it is off).
+#if SwiftNIO
 import NIOCore
 import Promise
 
@@ -56,3 +58,4 @@ extension EventLoop {
         EventLoopContext(self)
     }
 }
+#endif

@@ -1,0 +1,164 @@
+// Promise <-> EventLoopFuture, both ways, and the NIO-style helpers around them.
+//
+// What can be cancelled across the bridge: an EventLoopFuture has no cancellation, so a
+// promise made from a future stops waiting for it when cancelled (it settles, its
+// children are cancelled, the future's later completion is ignored) but the work behind
+// the future runs on. The one NIO handle that can be stopped, `Scheduled`, is stopped:
+// `Promise(scheduled)` cancels the scheduled task when the promise is cancelled. The
+// other way, a future made from a promise cannot cancel the promise (NIO has no way to
+// ask); cancel the promise itself.
+#if SwiftNIO
+import NIOCore
+import Promise
+
+extension Promise {
+    /// An `EventLoopFuture` on `eventLoop` that completes as this promise settles.
+    ///
+    /// ```swift
+    /// func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    ///     lookup(key).futureResult(on: context.eventLoop)
+    ///         .assumeIsolated()
+    ///         .whenSuccess { context.writeAndFlush(...) }
+    /// }
+    /// ```
+    ///
+    /// A fulfilled promise succeeds the future; a rejected one fails it with the error; a
+    /// cancelled one fails it with the cancellation reason (`CancellationError` unless
+    /// `cancel(reason:)` gave another). The future's callbacks run on `eventLoop`, as NIO
+    /// always does: completing from another thread hops to the loop. If the promise is
+    /// freed while still pending, the future fails with `PromiseError.brokenPromise` (what
+    /// every observer of a dropped promise gets) rather than leaking (NIO traps on leaked
+    /// promises in debug builds).
+    ///
+    /// Observing costs one `whenComplete` on `.immediate`: no child promise, no extra hop
+    /// beyond the one NIO makes when the promise settles off the loop. The future cannot
+    /// cancel the promise: NIO futures have no cancellation.
+    public func futureResult(on eventLoop: any EventLoop) -> EventLoopFuture<Value> {
+        let nioPromise = eventLoop.makePromise(of: Value.self)
+        nioPromise.completeWith(self)
+        return nioPromise.futureResult
+    }
+
+    /// A promise that settles as `future` completes: fulfilled with its value, rejected
+    /// with its error.
+    ///
+    /// ```swift
+    /// let bytes = Promise(channel.writeAndFlush(buffer).map { buffer.readableBytes })
+    /// bytes.then { print("wrote \($0) bytes") }
+    /// ```
+    ///
+    /// It settles on the future's event loop, so `.immediate` handlers run there. The
+    /// future keeps the promise alive until it completes, as any resolver does.
+    ///
+    /// Cancelling the promise stops waiting for the future: the promise settles as
+    /// cancelled at once (its children with it) and the future's later completion is
+    /// ignored. NIO futures cannot be cancelled, so the work behind the future runs on;
+    /// attach `onCancel` to stop it yourself (close the channel), or build the promise
+    /// from a `Scheduled` task, which is cancelled for you.
+    public convenience init(_ future: EventLoopFuture<Value>) {
+        self.init()
+        future.whenComplete { [self] result in self.resolve(result) }
+    }
+
+    /// A promise for a task scheduled on an event loop (`EventLoop.scheduleTask`):
+    /// cancelling the promise cancels the task if it has not run yet.
+    ///
+    /// ```swift
+    /// let reminder = Promise(loop.scheduleTask(in: .seconds(30)) { "time's up" })
+    /// reminder.cancel()   // the task will not run
+    /// ```
+    ///
+    /// Otherwise it behaves as `Promise(scheduled.futureResult)`: it settles on the loop
+    /// with the task's value or error.
+    public convenience init(_ scheduled: Scheduled<Value>) {
+        self.init(scheduled.futureResult)
+        onCancel { scheduled.cancel() }
+    }
+
+    /// A child promise that settles on `eventLoop`, as the receiver did: NIO's
+    /// `hop(to:)`.
+    ///
+    /// ```swift
+    /// lookup(id)                                        // settles on a backend thread
+    ///     .hop(to: channel.eventLoop)
+    ///     .whenComplete(on: .immediate) { result in     // runs on the channel's loop
+    ///         ...
+    ///     }
+    /// ```
+    ///
+    /// `.immediate` handlers of the returned promise run on the loop. A fulfilment or
+    /// rejection of the receiver always hops, even when it happens on the loop (no
+    /// Zalgo); a cancellation flows down at once, on the cancelling thread, as it does
+    /// everywhere. Cheaper than `then(on: .eventLoop(loop))` when nothing is transformed:
+    /// no user closure is stored.
+    public func hop(to eventLoop: any EventLoop) -> Promise<Value> {
+        always(on: EventLoopContext(eventLoop)) {}
+    }
+}
+
+extension EventLoopFuture where Value: Sendable {
+    /// This future as a `Promise` (the same as `Promise(future)`).
+    ///
+    /// ```swift
+    /// let pages = Promise.all(urls.map { client.get($0).promise() })
+    /// ```
+    public func promise() -> Promise<Value> {
+        Promise(self)
+    }
+}
+
+extension Scheduled where T: Sendable {
+    /// This scheduled task as a `Promise` whose cancellation cancels the task (the same
+    /// as `Promise(scheduled)`).
+    ///
+    /// ```swift
+    /// let retry = loop.scheduleTask(in: .milliseconds(100)) { attempt() }.promise()
+    /// ```
+    public func promise() -> Promise<T> {
+        Promise(self)
+    }
+}
+
+extension EventLoopPromise where Value: Sendable {
+    /// Completes this NIO promise with the outcome of `promise`, as NIO's
+    /// `completeWith(_ future:)` does for a future.
+    ///
+    /// ```swift
+    /// let reply = context.eventLoop.makePromise(of: Reply.self)
+    /// reply.completeWith(render(order))
+    /// return reply.futureResult
+    /// ```
+    ///
+    /// A cancelled promise fails it with the cancellation reason; a promise freed while
+    /// pending fails it with `PromiseError.brokenPromise`, so NIO never sees a leaked
+    /// promise.
+    public func completeWith(_ promise: Promise<Value>) {
+        let completer = NIOPromiseCompleter(self)
+        promise.whenComplete(on: .immediate) { completer.complete($0) }
+    }
+}
+
+/// Holds a NIO promise until a Promise settles. A Promise freed pending fires its
+/// observer with `PromiseError.brokenPromise`; should the observer ever be released unrun,
+/// the deinit still fails the NIO promise with that error, so NIO never sees a leak.
+///
+/// `@unchecked Sendable`: `nioPromise` is written by `complete`, which runs once, and read
+/// by `deinit`, which runs after the last release, ordered after `complete` by the
+/// reference count's release/acquire.
+private final class NIOPromiseCompleter<Value: Sendable>: @unchecked Sendable {
+    private var nioPromise: EventLoopPromise<Value>?
+
+    init(_ promise: EventLoopPromise<Value>) {
+        nioPromise = promise
+    }
+
+    func complete(_ result: Result<Value, any Error>) {
+        nioPromise?.completeWith(result)
+        nioPromise = nil
+    }
+
+    deinit {
+        nioPromise?.fail(PromiseError.brokenPromise)
+    }
+}
+#endif
