@@ -230,6 +230,12 @@ uintptr_t pc_state(const pc_promise *promise) {
     return (uintptr_t)AO_load_acquire(PC_WORD(&promise->state)) & PC_OUTCOME_MASK;
 }
 
+bool pc_has_waiting_observers(const pc_promise *promise) {
+    /* No ordering: a snapshot of the stack head, never dereferenced; nothing is read
+     * through it, so there is nothing for an acquire to make visible. */
+    return ((uintptr_t)AO_load(PC_WORD(&promise->state)) & ~PC_TAG_MASK) != 0;
+}
+
 pc_node *pc_detach(pc_promise *promise) {
     /* acquire: pairs with the release pushes in pc_observe so the detached nodes' fields
      * are visible (the owner's last release already orders this; the load says so). */

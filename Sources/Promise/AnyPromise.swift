@@ -232,6 +232,13 @@ public class AnyPromise: @unchecked Sendable {
         preconditionFailure("AnyPromise is abstract")
     }
 
+    /// The value of this fulfilled promise, as `debugPrint` shows it (for descriptions;
+    /// only called after an acquire load has seen PC_FULFILLED). Overridden by
+    /// `Promise<Value>`, the only subclass.
+    func describeFulfilledValue() -> String {
+        preconditionFailure("AnyPromise is abstract")
+    }
+
     /// Copies the published outcome of `source` (same `Value`) into this promise's slots.
     /// Overridden by `Promise<Value>`, the only subclass.
     @usableFromInline

@@ -41,6 +41,9 @@ extension AnyPromise {
     @inlinable
     final var publishedTag: UInt { UInt(pc_state(corePointer)) }
 
+    /// Whether observers are queued and not yet handed out (a snapshot, for descriptions).
+    final var hasWaitingObservers: Bool { pc_has_waiting_observers(corePointer) }
+
     /// The claim word, as a hint (confirmed by `claim` before acting on it).
     @inlinable
     final var claimHint: UInt { UInt(pc_claimed(corePointer)) }

@@ -161,6 +161,10 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         Promise(error: PromiseError.brokenPromise)
     }
 
+    override func describeFulfilledValue() -> String {
+        String(reflecting: storedValue)
+    }
+
     override func copyOutcome(from source: AnyPromise, tag: UInt) {
         let source = unsafeDowncast(source, to: Promise<Value>.self)
         if tag == UInt(PC_FULFILLED) {

@@ -207,6 +207,7 @@ static void test_settle_fires_in_order(verdict *v) {
 
     CHECK(v, pc_state(&p.core) == PC_PENDING, "zeroed promise not pending");
     CHECK(v, pc_claimed(&p.core) == PC_CLAIM_FREE, "zeroed promise already claimed");
+    CHECK(v, !pc_has_waiting_observers(&p.core), "zeroed promise has observers waiting");
     for (unsigned i = 0; i < ORDER_OBSERVERS; i++) {
         observer_init(&obs[i], observer_fire, 0, i);
         order[i] = &obs[i];
@@ -214,6 +215,7 @@ static void test_settle_fires_in_order(verdict *v) {
         CHECK(v, fired_count(&obs[i]) == 0, "observer #%u fired on a pending promise", i);
     }
 
+    CHECK(v, pc_has_waiting_observers(&p.core), "registered observers are not waiting");
     CHECK(v, pc_claim(&p.core, PC_CLAIM_FREE, PC_FULFILLED), "first claim FREE->FULFILLED lost");
     CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_REJECTED), "second claim FREE->REJECTED won");
     CHECK(v, !pc_claim(&p.core, PC_CLAIM_FREE, PC_FULFILLED), "second claim FREE->FULFILLED won");
@@ -237,6 +239,7 @@ static void test_settle_fires_in_order(verdict *v) {
     if (v->failed) {
         return;
     }
+    CHECK(v, !pc_has_waiting_observers(&p.core), "observers still waiting after publish");
     CHECK(v, pc_detach(&p.core) == NULL, "pc_detach on a settled promise returned nodes");
 }
 

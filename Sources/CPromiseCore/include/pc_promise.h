@@ -45,6 +45,7 @@
  *   pc_publish      only the thread whose pc_claim   lock-free (loops only while registrations
  *                   won an outcome, once             keep arriving during firing)
  *   pc_state        any thread, any time             wait-free (one load)
+ *   pc_has_waiting_observers  any thread, any time   wait-free (one load)
  *   pc_defer        from inside a fire callback,     wait-free (thread-local)
  *                   or any thread to run a node now
  *   pc_defer_late   any thread (false outside a      wait-free (thread-local)
@@ -170,6 +171,15 @@ void pc_publish(pc_promise *_Nonnull promise);
 
 /* PC_PENDING, or the published outcome (acquire: the outcome value is then visible). */
 uintptr_t pc_state(const pc_promise *_Nonnull promise);
+
+/*
+ * Whether observers are queued and not yet handed out: the stack is not empty (pending,
+ * or settled and still firing late registrations). A snapshot for descriptions. It says
+ * whether, not how many: counting would walk nodes that the settler may be firing, and
+ * their owners freeing, at that moment; and a counter kept beside the stack would cost
+ * every registration an atomic add.
+ */
+bool pc_has_waiting_observers(const pc_promise *_Nonnull promise);
 
 /*
  * Runs node->fire(node, NULL) on this thread: after the current fire callback returns

@@ -1,0 +1,66 @@
+import CPromiseCore
+
+// What `print(promise)` and the debugger show. Nothing here is on a hot path, and nothing
+// is stored for it: each call reads the state word with one acquire load, then the
+// outcome (immutable once published) and the parent link.
+
+extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
+    /// The type, the state and, once settled, the value or the error.
+    ///
+    /// ```swift
+    /// print(Promise<Int>())                        // Promise<Int>(pending)
+    /// print(Promise(value: 42))                    // Promise<Int>(fulfilled: 42)
+    /// print(Promise<Int>(error: PromiseError.timedOut))
+    /// // Promise<Int>(rejected: the promise timed out before it was settled)
+    /// ```
+    ///
+    /// The value is shown as `debugPrint` shows it (a string in quotes), an error as
+    /// `print` shows it (the sentence of a `PromiseError`). A cancelled promise shows its
+    /// reason. The text is a snapshot: another thread may settle the promise right after.
+    public final var description: String {
+        "\(type(of: self))(\(outcomeDescription))"
+    }
+
+    /// `description`, plus the promise's address, whether observers are still waiting
+    /// for it, and its parent: what to look at when a promise seems stuck.
+    ///
+    /// ```swift
+    /// let child = Promise<Int>().then { $0 + 1 }
+    /// debugPrint(child)
+    /// // Promise<Int>(pending) at 0x00005605c3f4a2d0, no observers waiting,
+    /// //   parent Promise<Int>(pending) at 0x00005605c3f4a1e0
+    /// ```
+    ///
+    /// The parent reads `parent released` once it is gone (a settled promise does not
+    /// keep its parent: see `parent`) and `root` for a promise without one. It says
+    /// whether observers are waiting, not how many: counting them would walk a list that
+    /// the settling thread may be handing out at that moment, or cost every registration
+    /// an atomic add.
+    public final var debugDescription: String {
+        let waiting = hasWaitingObservers ? "observers waiting" : "no observers waiting"
+        let up: String
+        if parentAddress == nil {
+            up = "root"
+        } else if let parent = parentIfAlive {
+            up = "parent \(parent.description) at \(parent.addressDescription)"
+        } else {
+            up = "parent released"
+        }
+        return "\(description) at \(addressDescription), \(waiting), \(up)"
+    }
+
+    private var outcomeDescription: String {
+        switch publishedTag {
+        case UInt(PC_FULFILLED): return "fulfilled: \(describeFulfilledValue())"
+        case UInt(PC_REJECTED): return "rejected: \(failureOrCancellation)"
+        case UInt(PC_CANCELLED): return "cancelled: \(failureOrCancellation)"
+        default: return "pending"
+        }
+    }
+
+    private var addressDescription: String {
+        let address = UInt(bitPattern: ObjectIdentifier(self).hashValue)
+        let hex = String(address, radix: 16)
+        return "0x" + String(repeating: "0", count: max(0, 2 * MemoryLayout<UInt>.size - hex.count)) + hex
+    }
+}

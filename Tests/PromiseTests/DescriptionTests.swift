@@ -1,0 +1,77 @@
+import Promise
+import XCTest
+
+private struct Refused: Error, CustomStringConvertible {
+    var description: String { "the upstream refused" }
+}
+
+final class DescriptionTests: XCTestCase {
+    func testDescriptionShowsTypeStateAndOutcome() {
+        XCTAssertEqual(Promise<Int>().description, "Promise<Int>(pending)")
+        XCTAssertEqual(Promise(value: 42).description, "Promise<Int>(fulfilled: 42)")
+        XCTAssertEqual(Promise(value: "x").description, "Promise<String>(fulfilled: \"x\")",
+                       "values as debugPrint shows them, as Optional does")
+        XCTAssertEqual(Promise<Int>(error: Refused()).description,
+                       "Promise<Int>(rejected: the upstream refused)")
+        XCTAssertEqual(Promise<Int>(error: PromiseError.timedOut).description,
+                       "Promise<Int>(rejected: \(PromiseError.timedOut))", "a PromiseError reads as its sentence")
+
+        let cancelled = Promise<[Int]>()
+        cancelled.cancel(reason: Refused())
+        XCTAssertEqual(cancelled.description, "Promise<Array<Int>>(cancelled: the upstream refused)")
+        let plainCancel = Promise<Void>()
+        plainCancel.cancel()
+        XCTAssertEqual(plainCancel.description, "Promise<()>(cancelled: CancellationError())")
+    }
+
+    func testPrintAndInterpolationUseTheDescription() {
+        let promise = Promise(value: 7)
+        var printed = ""
+        print(promise, terminator: "", to: &printed)
+        XCTAssertEqual(printed, "Promise<Int>(fulfilled: 7)")
+        XCTAssertEqual("\(promise)", "Promise<Int>(fulfilled: 7)")
+        let erased: AnyPromise = promise
+        XCTAssertEqual(erased.description, "Promise<Int>(fulfilled: 7)", "the same through AnyPromise")
+    }
+
+    func testDebugDescriptionShowsAddressObserversAndRoot() {
+        let root = Promise<Int>()
+        let address = String(UInt(bitPattern: ObjectIdentifier(root).hashValue), radix: 16)
+        let idle = root.debugDescription
+        XCTAssertTrue(idle.hasPrefix("Promise<Int>(pending) at 0x"), idle)
+        XCTAssertTrue(idle.contains(address), idle)
+        XCTAssertTrue(idle.hasSuffix(", no observers waiting, root"), idle)
+
+        root.whenComplete(on: .immediate) { _ in }
+        XCTAssertTrue(root.debugDescription.hasSuffix(", observers waiting, root"), root.debugDescription)
+
+        root.fulfill(1)
+        XCTAssertTrue(root.debugDescription.hasPrefix("Promise<Int>(fulfilled: 1) at 0x"))
+        XCTAssertTrue(root.debugDescription.hasSuffix(", no observers waiting, root"),
+                      "settled: every observer was handed out")
+    }
+
+    func testDebugDescriptionShowsTheParentWhileItLives() {
+        var parent: Promise<String>? = Promise<String>()
+        let child = parent!.then(on: .immediate) { $0.count }
+        XCTAssertTrue(parent!.debugDescription.contains("observers waiting"), "the child waits on it")
+        let whileAlive = child.debugDescription
+        XCTAssertTrue(whileAlive.hasPrefix("Promise<Int>(pending) at 0x"), whileAlive)
+        XCTAssertTrue(whileAlive.hasSuffix("parent Promise<String>(pending) at 0x"
+                                           + String(UInt(bitPattern: ObjectIdentifier(parent!).hashValue), radix: 16)
+                                               .leftPadded(to: 2 * MemoryLayout<UInt>.size)),
+                      whileAlive)
+
+        parent!.fulfill("four")
+        parent = nil  // settled, unheld: a settled child keeps nothing above it
+        let afterwards = child.debugDescription
+        XCTAssertTrue(afterwards.hasPrefix("Promise<Int>(fulfilled: 4) at 0x"), afterwards)
+        XCTAssertTrue(afterwards.hasSuffix(", parent released"), afterwards)
+    }
+}
+
+private extension String {
+    func leftPadded(to width: Int) -> String {
+        String(repeating: "0", count: max(0, width - count)) + self
+    }
+}
