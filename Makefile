@@ -32,7 +32,7 @@ help:
 	@echo "make integration  build and run IntegrationTests/ (Promise alone: no SwiftNIO fetched; PromiseNIO) by path and by git URL"
 	@echo "make api-check  compare the public API with Scripts/public-api.txt (make api-update rewrites it)"
 	@echo "make demo       run the demo program (Examples/)"
-	@echo "make docs       build the DocC archive of Promise (Examples/Docs, swift-docc-plugin; warnings fail)"
+	@echo "make docs       build the DocC archives of Promise and PromiseNIO (Examples/Docs, swift-docc-plugin; warnings fail)"
 	@echo "make server-load  run the Examples/ SwiftNIO server under wrk on 127.0.0.1, checking every response"
 	@echo "make examples-test  build Examples/ with warnings as errors"
 	@echo "make verify     model-check the core's protocol with spin (make verify-broken: the checks bite)"

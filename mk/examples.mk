@@ -10,17 +10,16 @@
 #   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
 #                        checks every response, stops it; fails on any wrong response,
 #                        non-2xx status or socket error; prints requests/s and latency
-#   make docs            the Promise module's DocC archive (into $(DOCS_OUT)), built by
-#                        the swift-docc-plugin; fails on any DocC warning and on any
-#                        public symbol without a doc comment and an example
+#   make docs            the DocC archives of Promise and PromiseNIO (into $(DOCS_OUT)),
+#                        built by the swift-docc-plugin; fails on any DocC warning and
+#                        on any public symbol without a doc comment and an example
 #
 # Builds go to Examples/.build and Examples/Docs/.build (both ignored by git).
 
 EXAMPLES_DIR     := Examples
 DOCS_PACKAGE     := $(EXAMPLES_DIR)/Docs
 DOCS_OUT         ?= $(EXAMPLES_DIR)/.build/docs
-DOCS_ARCHIVE     := $(DOCS_OUT)/Promise.doccarchive
-DOCS_LOG         := $(DOCS_OUT)/docs.log
+DOCS_MODULES     := Promise PromiseNIO
 # Our own Swift code's warnings are errors; C flags stay off here, as they would also
 # reach SwiftNIO's C shims.
 EXAMPLES_FLAGS   := -Xswiftc -warnings-as-errors
@@ -31,7 +30,7 @@ LOAD_SECONDS     ?= 5
 LOAD_THREADS     ?= 2
 LOAD_CONNECTIONS ?= 32
 
-.PHONY: examples-test server server-load wrk-deps docs
+.PHONY: examples-test server server-load wrk-deps docs docs-module
 
 examples-test: deps
 	@echo "==> examples-test: Examples/ (demo, server) with warnings as errors"
@@ -63,20 +62,26 @@ server-load: server wrk-deps
 		bash $(EXAMPLES_DIR)/LoadTest/server-load.sh "$$bin/server"
 
 docs: deps
-	@echo "==> docs: DocC archive of the Promise module (swift-docc-plugin in $(DOCS_PACKAGE)), warnings are errors"
-	@rm -rf $(DOCS_ARCHIVE) && mkdir -p $(DOCS_OUT)
+	@for module in $(DOCS_MODULES); do \
+		$(MAKE) --no-print-directory docs-module DOCS_MODULE=$$module || exit 1; \
+	done
+
+# One module's archive, its warnings and its coverage (docs runs it for each module).
+docs-module:
+	@echo "==> docs: DocC archive of the $(DOCS_MODULE) module (swift-docc-plugin in $(DOCS_PACKAGE)), warnings are errors"
+	@rm -rf $(DOCS_OUT)/$(DOCS_MODULE).doccarchive && mkdir -p $(DOCS_OUT)
 	@{ $(SWIFT) package --package-path $(DOCS_PACKAGE) \
 		--allow-writing-to-directory "$(abspath $(DOCS_OUT))" \
-		generate-documentation --target Promise \
-		--output-path "$(abspath $(DOCS_ARCHIVE))" \
+		generate-documentation --target $(DOCS_MODULE) \
+		--output-path "$(abspath $(DOCS_OUT)/$(DOCS_MODULE).doccarchive)" \
 		--warnings-as-errors \
 		--experimental-documentation-coverage --coverage-summary-level brief 2>&1; \
-		echo $$? > $(DOCS_LOG).status; } | tee $(DOCS_LOG)
-	@status=$$(cat $(DOCS_LOG).status); \
-	warnings=$$(grep -ciE '(^|[^[:alnum:]])(warning|error):' $(DOCS_LOG) || true); \
-	echo "==> docs: DocC warnings and errors: $$warnings"; \
+		echo $$? > $(DOCS_OUT)/$(DOCS_MODULE).log.status; } | tee $(DOCS_OUT)/$(DOCS_MODULE).log
+	@status=$$(cat $(DOCS_OUT)/$(DOCS_MODULE).log.status); \
+	warnings=$$(grep -ciE '(^|[^[:alnum:]])(warning|error):' $(DOCS_OUT)/$(DOCS_MODULE).log || true); \
+	echo "==> docs: $(DOCS_MODULE): DocC warnings and errors: $$warnings"; \
 	if [ "$$status" != 0 ] || [ "$$warnings" != 0 ]; then \
-		echo "==> docs: failed (exit status $$status; log: $(DOCS_LOG))" >&2; exit 1; \
+		echo "==> docs: failed (exit status $$status; log: $(DOCS_OUT)/$(DOCS_MODULE).log)" >&2; exit 1; \
 	fi
-	@$(PYTHON) $(DOCS_PACKAGE)/check-coverage.py $(DOCS_ARCHIVE)/documentation-coverage.json
-	@echo "==> docs: $(DOCS_ARCHIVE) (open it in Xcode, or serve the folder: it is laid out for static hosting)"
+	@$(PYTHON) $(DOCS_PACKAGE)/check-coverage.py $(DOCS_OUT)/$(DOCS_MODULE).doccarchive/documentation-coverage.json
+	@echo "==> docs: $(DOCS_OUT)/$(DOCS_MODULE).doccarchive (open it in Xcode, or serve the folder: it is laid out for static hosting)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails unless every public symbol of the Promise module has a doc comment and an example.
+"""Fails unless every public symbol of a module (Promise, PromiseNIO) has a doc comment and an example.
 
     python3 Examples/Docs/check-coverage.py ARCHIVE/documentation-coverage.json
 
@@ -9,7 +9,9 @@ of its doc comment) and a code listing (in its doc comment, or added by an exten
 file in Sources/Promise/Promise.docc/Extensions/). Members that Swift synthesises from
 the standard library or Foundation (`!=`, `localizedDescription`, `LocalizedError`'s
 `failureReason`, `helpAnchor`, `recoverySuggestion`) carry Apple's documentation, not
-ours, and are skipped, as are the pages DocC makes for groups and extended modules.
+ours, and are skipped, as are the pages DocC makes for groups, extended modules and
+extended types (another module's type that PromiseNIO extends: an extension has no doc
+comment of its own).
 """
 
 import json
@@ -17,7 +19,9 @@ import sys
 
 INHERITED = {"!=(_:_:)", "localizedDescription", "failureReason", "helpAnchor", "recoverySuggestion"}
 NOT_SYMBOLS = {"org.swift.docc.kind.extendedModule", "org.swift.docc.kind.collectionGroup",
-               "org.swift.docc.kind.module"}
+               "org.swift.docc.kind.module", "org.swift.docc.kind.extendedProtocol",
+               "org.swift.docc.kind.extendedClass", "org.swift.docc.kind.extendedStructure",
+               "org.swift.docc.kind.extendedEnumeration"}
 
 
 def main(path):
@@ -32,7 +36,7 @@ def main(path):
         lacks = [what for what, key in (("doc comment", "hasAbstract"), ("example", "hasCodeListing"))
                  if not entry.get(key)]
         if lacks:
-            name = entry["referencePath"].split("/documentation/Promise/", 1)[-1]
+            name = entry["referencePath"].split("/documentation/", 1)[-1]
             missing.append("%s (%s): no %s" % (name, kind.get("name"), " and no ".join(lacks)))
     for line in sorted(missing):
         print("docs: " + line)

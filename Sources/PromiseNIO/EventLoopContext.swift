@@ -24,6 +24,11 @@ import Promise
 /// the loop's thread runs its `.immediate` handlers inline on that thread.
 public struct EventLoopContext: ExecutionContext {
     /// The loop that runs the handlers.
+    ///
+    /// ```swift
+    /// let context = EventLoopContext(channel.eventLoop)
+    /// assert(context.eventLoop === channel.eventLoop)
+    /// ```
     public let eventLoop: any EventLoop
 
     /// A context that runs handlers on `eventLoop`.
@@ -35,14 +40,23 @@ public struct EventLoopContext: ExecutionContext {
         self.eventLoop = eventLoop
     }
 
-    /// Enqueues `work` on the loop (`EventLoop.execute`).
+    /// Enqueues `work` on the loop (`EventLoop.execute`): the library calls this for each
+    /// handler registered with this context.
+    ///
+    /// ```swift
+    /// EventLoopContext(loop).execute { print("on the loop:", loop.inEventLoop) }
+    /// ```
     public func execute(_ work: @escaping @Sendable () -> Void) {
         eventLoop.execute(work)
     }
 }
 
 extension ExecutionContext where Self == EventLoopContext {
-    /// Runs handlers on `loop`: `promise.then(on: .eventLoop(loop)) { ... }`.
+    /// Runs handlers on `loop`.
+    ///
+    /// ```swift
+    /// promise.then(on: .eventLoop(context.eventLoop)) { reply in render(reply) }
+    /// ```
     public static func eventLoop(_ loop: any EventLoop) -> EventLoopContext {
         EventLoopContext(loop)
     }
