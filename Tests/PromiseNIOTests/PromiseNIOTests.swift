@@ -185,6 +185,33 @@ final class PromiseNIOTests: XCTestCase {
         }
     }
 
+    func testTimeoutOnALoopRejectsThereWhenTimeRunsOut() throws {
+        let loop = group.next()
+        let never = Promise<Int>()
+        let timedOut = never.timeout(.milliseconds(20), on: loop).then(on: .immediate, { _ in false }, { error in
+            guard case PromiseError.timedOut = error else { throw error }
+            return loop.inEventLoop
+        })
+        XCTAssertTrue(try timedOut.wait(timeout: .seconds(5)), "timed out, on the loop")
+        XCTAssertTrue(never.isPending, "the receiver is untouched")
+    }
+
+    func testTimeoutOnALoopLetsGoOfItsChildOnceSettled() throws {
+        let loop = group.next()
+        let source = Promise<[Int]>()
+        weak var weakChild: Promise<[Int]>?
+        do {
+            let child = source.timeout(.seconds(60), on: loop)
+            weakChild = child
+            source.fulfill([1, 2, 3])
+            XCTAssertEqual(try child.wait(timeout: .seconds(5)), [1, 2, 3])
+        }
+        // The scheduled task was cancelled when the child settled, which took it (and the
+        // child it held) off the loop: nothing waits the 60 seconds out.
+        try loop.submit {}.wait()
+        XCTAssertNil(weakChild)
+    }
+
     func testAwaitingAcrossTheBridge() async throws {
         let loop = group.next()
         let value = try await Promise(loop.makeSucceededFuture(41)).then(on: .eventLoop(loop)) { $0 + 1 }.value
