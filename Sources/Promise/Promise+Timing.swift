@@ -16,18 +16,52 @@ extension Duration {
 }
 
 /// A timer that holds no thread: `work` runs once on a global queue after `interval`,
-/// unless cancelled first. `cancel` is thread-safe (it is `DispatchWorkItem.cancel`, which
-/// the Linux Dispatch overlay does not mark `Sendable`; hence `@unchecked`).
-struct PromiseTimer: @unchecked Sendable {
+/// unless cancelled first. `cancel` is thread-safe.
+///
+/// `work` (and what it captures: the promise to settle, `delay`'s value) sits in a box
+/// that the first of the deadline and `cancel` empties, elected with one CAS (`pc_once`),
+/// so a cancel lets go of it at once. A cancelled `DispatchWorkItem` keeps its block until
+/// the deadline: a block that captured the promise would keep a settled `timeout` or
+/// `delay` output, and its value, alive that long. The block here holds only the box.
+/// (It still wakes a thread at the deadline to find nothing to do: Dispatch cannot take a
+/// scheduled block back. PromiseNIO's `timeout(_:on:)` schedules on an event loop, which
+/// can.)
+struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Sendable on Linux
     private let item: DispatchWorkItem
+    private let box: TimerWork
 
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
-        item = DispatchWorkItem(block: work)
+        let box = TimerWork(work)
+        self.box = box
+        item = DispatchWorkItem { box.take()?() }
         DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
     }
 
     func cancel() {
         item.cancel()
+        _ = box.take()
+    }
+}
+
+/// The box of a `PromiseTimer`: its work until the first `take`, nil after it.
+/// `@unchecked Sendable`: `work` is written by the initialiser, before the box is shared,
+/// and after that only by the one caller the election lets through.
+private final class TimerWork: @unchecked Sendable {
+    // First stored property: `take` addresses it as the election's word.
+    private var taken: UInt = 0
+    private var work: (@Sendable () -> Void)?
+
+    init(_ work: @escaping @Sendable () -> Void) {
+        self.work = work
+    }
+
+    /// The work for the first caller (the deadline or a cancel), nil for the other; the
+    /// box lets go of it either way.
+    func take() -> (@Sendable () -> Void)? {
+        let flag = _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
+        guard electOnce(flag) else { return nil }
+        defer { work = nil }
+        return work
     }
 }
 

@@ -585,6 +585,58 @@ final class MemoryTests: XCTestCase {
         XCTAssertNil(weakRoot)
     }
 
+    // MARK: Timers let go when they are no longer needed
+
+    /// A value whose freeing a test can watch.
+    private final class WatchedValue: Sendable {}
+
+    func testSettledTimeoutOutputIsFreedBeforeItsDeadline() {
+        weak var weakChild: Promise<WatchedValue>?
+        weak var weakValue: WatchedValue?
+        do {
+            let source = Promise<WatchedValue>()
+            let child = source.timeout(.seconds(60))
+            weakChild = child
+            let value = WatchedValue()
+            weakValue = value
+            source.fulfill(value)
+            XCTAssertTrue(eventually { child.isFulfilled })
+        }
+        // The timer was cancelled when the child settled: its box let go of the child now,
+        // not in a minute.
+        XCTAssertTrue(eventually { weakChild == nil && weakValue == nil },
+                      "a settled timeout output was kept until its deadline")
+    }
+
+    func testCancelledDelayOutputIsFreedBeforeItsDeadline() {
+        weak var weakChild: Promise<WatchedValue>?
+        weak var weakValue: WatchedValue?
+        do {
+            let value = WatchedValue()
+            weakValue = value
+            let source = Promise(value: value)
+            let child = source.delay(.seconds(60))
+            weakChild = child
+            XCTAssertTrue(eventually { child.isPending && !source.isPending })
+            // The delay's timer runs once the source's value reached it (on the default
+            // context); wait for that, then cancel.
+            child.cancel()
+            XCTAssertTrue(child.isCancelled)
+        }
+        XCTAssertTrue(eventually { weakChild == nil && weakValue == nil },
+                      "a cancelled delay output, or its value, was kept until the deadline")
+    }
+
+    func testCancelledAfterIsFreedBeforeItsDeadline() {
+        weak var weakTimer: Promise<Void>?
+        do {
+            let timer = Promise.after(.seconds(60))
+            weakTimer = timer
+            timer.cancel()
+        }
+        XCTAssertTrue(eventually { weakTimer == nil }, "a cancelled after() was kept until its deadline")
+    }
+
     // MARK: Stack safety
     //
     // Each of these runs in a child process (see `runInChildProcess`): a stack overflow

@@ -1,0 +1,73 @@
+// Timers racing what makes them unneeded: a `timeout` whose deadline (0 to 1 ms) lands
+// while another thread fulfils or cancels the source, and a `delay` cancelled as its timer
+// fires. The deadline and the cancel elect, with one CAS, which of them empties the
+// timer's box; whichever wins, the output settles exactly once, with an outcome one of
+// them could give, and nothing is left alive afterwards. Run under TSan by `make tsan`.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+final class TimerStressTests: XCTestCase {
+    func testDeadlinesRaceFulfilmentsAndCancels() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var timedOut = 0, passedThrough = 0, cancelled = 0, delayed = 0
+
+        runStressRounds("timers racing settles and cancels", invariants: [
+            "a timeout output ends timed out, with the source's value, or cancelled: never pending",
+            "a delay output ends with its value or cancelled: never pending",
+            "every output of the round is freed, without waiting for a deadline",
+        ], details: {
+            "timeouts timed out: \(timedOut), passed the value through: \(passedThrough), cancelled: \(cancelled); delays fulfilled: \(delayed)"
+        }) { checker in
+            let round = checker.round
+            let interval = Duration.microseconds(round % 1_000)
+            weak var weakTimeout: Promise<[Int]>?
+            weak var weakDelay: Promise<[Int]>?
+            do {
+                let source = Promise<[Int]>()
+                let timeout = source.timeout(interval)
+                let delay = Promise(value: [round]).delay(interval)
+                weakTimeout = timeout
+                weakDelay = delay
+                let finished = crew.play { seat in
+                    var random = StressRandom(round: round, seat: seat)
+                    crew.barrier.arriveAndWait()
+                    for _ in 0..<random.below(2_000) { _ = random.next() }
+                    if seat == 0 {
+                        if round % 3 == 0 { timeout.cancel() } else { source.fulfill([round]) }
+                    } else {
+                        delay.cancel()
+                    }
+                }
+                checker.check(finished, "round hung")
+                switch Result(catching: { try timeout.wait(timeout: .seconds(20)) }) {
+                case .success(let value):
+                    checker.check(value == [round], "timeout passed through \(value)")
+                    passedThrough += 1
+                case .failure(PromiseError.timedOut):
+                    timedOut += 1
+                case .failure(let error):
+                    checker.check(timeout.isCancelled && error is CancellationError, "timeout ended \(error)")
+                    cancelled += 1
+                }
+                switch Result(catching: { try delay.wait(timeout: .seconds(20)) }) {
+                case .success(let value):
+                    checker.check(value == [round], "delay fulfilled with \(value)")
+                    delayed += 1
+                case .failure(let error):
+                    checker.check(delay.isCancelled, "delay ended \(error)")
+                }
+            }
+            // Whatever won, the boxes let go: nothing waits for a timer's deadline (1 ms).
+            let freed = (0..<2_000).contains { _ in
+                if weakTimeout == nil && weakDelay == nil { return true }
+                usleep(500)
+                return false
+            }
+            checker.check(freed, "an output outlived its settling and its timer")
+            return true
+        }
+    }
+}
