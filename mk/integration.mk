@@ -7,7 +7,8 @@
 #                                    XCTests, both programs); fails if SwiftNIO was
 #                                    fetched, pinned or built for it
 #                       NIOConsumer  PromiseNIO, with the SwiftNIO package trait
-#   make api-check    compares the Promise module's public symbols with Scripts/public-api.txt
+#   make api-check    compares the public symbols of Promise and PromiseNIO with
+#                     Scripts/public-api.txt and Scripts/public-api-PromiseNIO.txt
 #   make api-update   rewrites Scripts/public-api.txt after an intended API change
 
 CONSUMER_DIR := IntegrationTests/Consumer
@@ -21,12 +22,14 @@ integration: deps
 	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-consumers.sh git
 
 api-check: deps
-	@echo "==> api-check: public symbols of Promise vs Scripts/public-api.txt"
-	@SWIFT="$(SWIFT)" $(PYTHON) Scripts/check-public-api.py
+	@echo "==> api-check: public symbols of Promise and PromiseNIO vs Scripts/public-api*.txt"
+	@SWIFT="$(SWIFT)" API_MODULE=Promise $(PYTHON) Scripts/check-public-api.py
+	@SWIFT="$(SWIFT)" API_MODULE=PromiseNIO $(PYTHON) Scripts/check-public-api.py
 
 api-update: deps
-	@echo "==> api-update: rewriting Scripts/public-api.txt"
-	@SWIFT="$(SWIFT)" $(PYTHON) Scripts/check-public-api.py --update
+	@echo "==> api-update: rewriting Scripts/public-api*.txt"
+	@SWIFT="$(SWIFT)" API_MODULE=Promise $(PYTHON) Scripts/check-public-api.py --update
+	@SWIFT="$(SWIFT)" API_MODULE=PromiseNIO $(PYTHON) Scripts/check-public-api.py --update
 
 clean-integration:
-	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build $(BUILD_DIR)/integration-git .build-api
+	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build $(BUILD_DIR)/integration-git .build-api .build-api-PromiseNIO
