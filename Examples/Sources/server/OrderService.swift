@@ -60,8 +60,13 @@ struct OrderService: Sendable {
             }
             .recover(on: .immediate) { error in
                 if case PromiseError.timedOut = error {
-                    joined.cancel()                   // the lookups still pending: flows down
-                    shards.cancel()                   // (never up), so each aggregate is cancelled
+                    // Stop the lookups still pending: the leaves, and `shards`, which
+                    // cancels its own. Not `joined`: a cancel flows down to every
+                    // descendant still pending or running, and this reply is one of
+                    // joined's, so the client would get a cancellation, not the 504.
+                    user.cancel()
+                    price.cancel()
+                    shards.cancel()
                     return Reply(status: .gatewayTimeout, body: "timed out\n")
                 }
                 return Reply(status: .internalServerError, body: "failed: \(error)\n")
