@@ -1,11 +1,24 @@
-// The NIO side of the server: reads a request, asks OrderService for a promise of the
-// reply, and writes it when the promise settles, through PromiseNIO's
-// Promise -> EventLoopFuture bridge.
+// The NIO side of the server: reads a request, asks an order service (OrderService, on
+// promises, or FutureOrderService, on NIO futures) for a future of the reply, and writes
+// it when that completes. The handler is the same for both, so that a comparison of the
+// two measures the services only.
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
-import Promise
-import PromiseNIO
+
+/// An order service as the channel handler sees it.
+protocol OrderEngine: Sendable {
+    /// What the handler holds while a reply is pending: it keeps the work alive (the
+    /// promise version needs that) and cancels it if the client goes away.
+    associatedtype Work: Sendable
+
+    /// The reply to `uri`, as a future on `loop` (the channel's), whose callbacks may
+    /// therefore touch the channel's context.
+    func reply(to uri: String, on loop: any EventLoop) -> (work: Work, reply: EventLoopFuture<Reply>)
+
+    /// Stops the lookups of `work` still pending.
+    func cancel(_ work: Work)
+}
 
 /// Requests answered, by outcome; read when the server stops.
 final class Counters: Sendable {
@@ -21,19 +34,20 @@ final class Counters: Sendable {
 }
 
 /// One per connection. HTTPServerPipelineHandler (from configureHTTPServerPipeline) hands
-/// it one request at a time, so at most one order is in flight per connection.
-final class HTTPHandler: ChannelInboundHandler {
+/// it one request at a time, so at most one order is in flight per connection. Generic,
+/// not over `any OrderEngine`, so that neither engine pays for an existential.
+final class HTTPHandler<Engine: OrderEngine>: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
 
-    private let service: OrderService
+    private let service: Engine
     private let counters: Counters
     private var requestHead: HTTPRequestHead?
-    /// The aggregates of the request in flight: held until its reply is written, and
-    /// cancelled (with the lookups still pending under them) if the client goes away.
-    private var inFlight: [AnyPromise] = []
+    /// The work of the request in flight: held until its reply is written, and
+    /// cancelled (with the lookups still pending under it) if the client goes away.
+    private var inFlight: Engine.Work?
 
-    init(service: OrderService, counters: Counters) {
+    init(service: Engine, counters: Counters) {
         self.service = service
         self.counters = counters
     }
@@ -47,12 +61,12 @@ final class HTTPHandler: ChannelInboundHandler {
         case .end:
             guard let head = requestHead else { return }
             requestHead = nil
-            let (work, reply) = service.respond(to: head.uri, replyOn: context.eventLoop)
+            let (work, reply) = service.reply(to: head.uri, on: context.eventLoop)
             inFlight = work
-            // Promise -> EventLoopFuture: the callback runs on this channel's loop, so it
-            // may use `context` and `self` (assumeIsolated checks that it does).
-            reply.futureResult(on: context.eventLoop).assumeIsolated().whenComplete { result in
-                self.inFlight = []
+            // The callback runs on this channel's loop, so it may use `context` and `self`
+            // (assumeIsolated checks that it does).
+            reply.assumeIsolated().whenComplete { result in
+                self.inFlight = nil
                 let reply = (try? result.get()) ?? Reply(status: .internalServerError, body: "no reply\n")
                 self.write(reply, for: head, context: context)
             }
@@ -60,8 +74,8 @@ final class HTTPHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        for work in inFlight { work.cancel() }  // flows down to the lookups still pending
-        inFlight = []
+        if let work = inFlight { service.cancel(work) }
+        inFlight = nil
         context.fireChannelInactive()
     }
 

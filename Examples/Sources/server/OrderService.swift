@@ -1,26 +1,9 @@
 // The promise side of the server: one request fans out to five lookups that run on the
 // backend's event loops, is joined with `all` and `and`, bounded with `timeout`, and is
-// rendered on the channel's own loop. Nothing here touches NIO's channel API.
+// rendered on the channel's own loop. FutureOrderService does the same with NIO futures.
 import NIOCore
-import NIOHTTP1
 import Promise
 import PromiseNIO
-
-/// The made-up catalogue the lookups read. Deterministic, so that the load test can
-/// check every response body (Examples/LoadTest/orders.lua recomputes these).
-enum Catalog {
-    static let stockShards = 3
-
-    static func userName(_ id: Int) -> String { "user-\(id)" }
-    static func price(_ id: Int) -> Int { (id &* 7) % 100 + 1 }
-    static func stock(_ id: Int, shard: Int) -> Int { (id + shard) % 4 }
-}
-
-/// What the channel handler writes back.
-struct Reply: Sendable {
-    let status: HTTPResponseStatus
-    let body: String
-}
 
 /// Answers requests with promises. `Sendable`: it holds only the backend group.
 struct OrderService: Sendable {
@@ -55,8 +38,7 @@ struct OrderService: Sendable {
         let reply = joined
             .timeout(deadline)
             .then(on: .eventLoop(loop)) { user, price, stock in
-                Reply(status: .ok,
-                      body: "id=\(id) user=\(user) price=\(price) stock=\(stock) total=\(price * stock)\n")
+                Reply.order(id, user: user, price: price, stock: stock)
             }
             .recover(on: .immediate) { error in
                 if case PromiseError.timedOut = error {
@@ -67,25 +49,31 @@ struct OrderService: Sendable {
                     user.cancel()
                     price.cancel()
                     shards.cancel()
-                    return Reply(status: .gatewayTimeout, body: "timed out\n")
+                    return .timedOut
                 }
-                return Reply(status: .internalServerError, body: "failed: \(error)\n")
+                return .failed(error)
             }
         return ([joined, shards], reply)
     }
 
     /// Routes a request target to a reply.
     func respond(to uri: String, replyOn loop: any EventLoop) -> (work: [AnyPromise], reply: Promise<Reply>) {
-        if uri == "/health" {
-            return ([], Promise(value: Reply(status: .ok, body: "ok\n")))
+        switch Route(uri) {
+        case .order(let id): order(id, replyOn: loop)
+        case .reply(let reply): ([], Promise(value: reply))
         }
-        let prefix = "/order/"
-        guard uri.hasPrefix(prefix) else {
-            return ([], Promise(value: Reply(status: .notFound, body: "not found: \(uri)\n")))
-        }
-        guard let id = Int(uri.dropFirst(prefix.count)), id >= 0 else {
-            return ([], Promise(value: Reply(status: .badRequest, body: "bad order id\n")))
-        }
-        return order(id, replyOn: loop)
+    }
+}
+
+extension OrderService: OrderEngine {
+    /// The promise's reply as a future on `loop`, through PromiseNIO's bridge: its
+    /// callbacks then run on the channel's loop, where the handler may touch `context`.
+    func reply(to uri: String, on loop: any EventLoop) -> (work: [AnyPromise], reply: EventLoopFuture<Reply>) {
+        let (work, reply) = respond(to: uri, replyOn: loop)
+        return (work, reply.futureResult(on: loop))
+    }
+
+    func cancel(_ work: [AnyPromise]) {
+        for promise in work { promise.cancel() }  // flows down to the lookups still pending
     }
 }

@@ -1,4 +1,5 @@
-// An HTTP server on SwiftNIO whose request handler is built from promises.
+// An HTTP server on SwiftNIO whose request handler is built from promises (or, to
+// compare, from NIO futures only: --engine nio).
 //
 //   GET /order/<id>   five parallel lookups on the backend loops, joined with all/and,
 //                     bounded by a timeout, rendered on the channel's loop:
@@ -13,7 +14,8 @@
 //
 // Options: --port N (0 picks a free port; default 8080), --port-file PATH (writes the
 // bound port there once listening), --threads N (event loops for connections and for the
-// backend each; default: the number of cores), --deadline-ms N (per order; default 1000).
+// backend each; default: the number of cores), --deadline-ms N (per order; default 1000),
+// --engine promise|nio (OrderService or FutureOrderService; default promise).
 // SIGTERM or SIGINT stops it and prints how many requests it answered.
 import Dispatch
 import Foundation
@@ -21,7 +23,13 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
+/// Which order service answers: the two differ only there (`make server-compare`).
+enum Engine: String {
+    case promise, nio
+}
+
 struct Options {
+    var engine = Engine.promise
     var port = 8080
     var portFile: String?
     var threads = System.coreCount
@@ -36,6 +44,9 @@ struct Options {
             case "--port-file": portFile = value
             case "--threads": threads = max(1, try Self.number(value, for: flag))
             case "--deadline-ms": deadlineMilliseconds = try Self.number(value, for: flag)
+            case "--engine":
+                guard let engine = Engine(rawValue: value) else { throw UsageError("--engine: promise or nio, not \(value)") }
+                self.engine = engine
             default: throw UsageError("unknown option \(flag)")
             }
         }
@@ -62,14 +73,25 @@ let options: Options
 do {
     options = try Options(CommandLine.arguments)
 } catch {
-    FileHandle.standardError.write(Data("server: \(error)\nusage: server [--port N] [--port-file PATH] [--threads N] [--deadline-ms N]\n".utf8))
+    FileHandle.standardError.write(Data("server: \(error)\nusage: server [--port N] [--port-file PATH] [--threads N] [--deadline-ms N] [--engine promise|nio]\n".utf8))
     exit(2)
 }
 
 let connections = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
 let backend = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
-let service = OrderService(backend: backend, deadline: .milliseconds(options.deadlineMilliseconds))
+let deadline = Duration.milliseconds(options.deadlineMilliseconds)
+let engine = options.engine
+let promiseService = OrderService(backend: backend, deadline: deadline)
+let futureService = FutureOrderService(backend: backend, deadline: TimeAmount(deadline))
 let counters = Counters()
+
+/// A connection's handler: the same HTTPHandler, specialised for the chosen service.
+@Sendable func makeHandler() -> any ChannelHandler {
+    switch engine {
+    case .promise: HTTPHandler(service: promiseService, counters: counters)
+    case .nio: HTTPHandler(service: futureService, counters: counters)
+    }
+}
 
 let bootstrap = ServerBootstrap(group: connections)
     .serverChannelOption(.backlog, value: 256)
@@ -77,7 +99,7 @@ let bootstrap = ServerBootstrap(group: connections)
     .childChannelInitializer { channel in
         channel.eventLoop.makeCompletedFuture {
             try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-            try channel.pipeline.syncOperations.addHandler(HTTPHandler(service: service, counters: counters))
+            try channel.pipeline.syncOperations.addHandler(makeHandler())
         }
     }
     .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -91,7 +113,7 @@ do {
     exit(1)
 }
 let port = channel.localAddress?.port ?? options.port
-say("server: listening on http://127.0.0.1:\(port) (\(options.threads) connection loops, \(options.threads) backend loops)")
+say("server: listening on http://127.0.0.1:\(port) (engine \(engine), \(options.threads) connection loops, \(options.threads) backend loops)")
 if let portFile = options.portFile {
     try String(port).write(toFile: portFile, atomically: true, encoding: .utf8)
 }
