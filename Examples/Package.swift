@@ -5,7 +5,9 @@
 //   demo        the guided tour (`make demo`): Promise alone, no NIO
 //   server      an HTTP server on SwiftNIO whose handler fans out to promise-returning
 //               lookups (`make server-load` loads it with wrk), through the library's
-//               PromiseNIO product (the package trait SwiftNIO turns it on)
+//               PromiseNIO product (the package trait SwiftNIO turns it on); with
+//               --engine nio, the same handler on NIO futures only (`make server-compare`)
+//   serverTests the two engines answer every request alike (`make examples-test`)
 //
 // The documentation of the Promise module is built by the docs-only package in Docs/
 // (`make docs`), which holds the swift-docc-plugin dependency.
@@ -33,6 +35,15 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "serverTests",
+            dependencies: [
+                "server",
+                .product(name: "Promise", package: "Promise"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
     ],

@@ -4,7 +4,8 @@
 # swift-docc-plugin.
 #
 #   make demo            (main Makefile) the guided tour, Examples/Sources/demo
-#   make examples-test   builds every example with warnings as errors
+#   make examples-test   builds every example with warnings as errors, and runs
+#                        Examples/Tests (the server's two engines answer alike)
 #   make server          builds the example HTTP server (SERVER_CONFIG: release, or debug
 #                        for a quicker first build of SwiftNIO and a slower server)
 #   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
@@ -33,8 +34,9 @@ LOAD_CONNECTIONS ?= 32
 .PHONY: examples-test server server-load wrk-deps docs docs-module
 
 examples-test: deps
-	@echo "==> examples-test: Examples/ (demo, server) with warnings as errors"
+	@echo "==> examples-test: Examples/ (demo, server, serverTests) with warnings as errors, then its tests"
 	cd $(EXAMPLES_DIR) && $(SWIFT) build --build-tests $(EXAMPLES_FLAGS)
+	cd $(EXAMPLES_DIR) && $(SWIFT) test --skip-build
 
 server: deps
 	@echo "==> server: Examples/ HTTP server on SwiftNIO ($(SERVER_CONFIG))"
