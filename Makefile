@@ -34,6 +34,7 @@ help:
 	@echo "make demo       run the demo program (Examples/)"
 	@echo "make docs       build the DocC archives of Promise and PromiseNIO (Examples/Docs, swift-docc-plugin; warnings fail)"
 	@echo "make server-load  run the Examples/ SwiftNIO server under wrk on 127.0.0.1, checking every response"
+	@echo "make server-compare  the server's promise handler against the same on NIO futures, under wrk: medians, ratios"
 	@echo "make examples-test  build Examples/ with warnings as errors and run its tests"
 	@echo "make verify     model-check the core's protocol with spin (make verify-broken: the checks bite)"
 	@echo "make stress     C racing tests + the Swift stress suite in release with long knobs"

@@ -11,6 +11,14 @@
 #   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
 #                        checks every response, stops it; fails on any wrong response,
 #                        non-2xx status or socket error; prints requests/s and latency
+#   make server-compare  the server's two engines, --engine promise (OrderService) and
+#                        --engine nio (FutureOrderService, NIO futures only), loaded in
+#                        turn for COMPARE_ROUNDS rounds of COMPARE_SECONDS each, every
+#                        response checked; prints the medians (requests/s, p50, p99),
+#                        the ratios promise/nio and PASS or MISS against the target
+#                        (>= 1.0 x NIO's requests/s, <= 1.0 x its p99). Fails only on
+#                        wrong responses, errors or a server that does not start or
+#                        stop: the ratios are wall clock, never gated
 #   make docs            the DocC archives of Promise and PromiseNIO (into $(DOCS_OUT)),
 #                        built by the swift-docc-plugin; fails on any DocC warning and
 #                        on any public symbol without a doc comment and an example
@@ -30,8 +38,10 @@ SERVER_CONFIG    ?= release
 LOAD_SECONDS     ?= 5
 LOAD_THREADS     ?= 2
 LOAD_CONNECTIONS ?= 32
+COMPARE_ROUNDS   ?= 3
+COMPARE_SECONDS  ?= 5
 
-.PHONY: examples-test server server-load wrk-deps docs docs-module
+.PHONY: examples-test server server-load server-compare wrk-deps docs docs-module
 
 examples-test: deps
 	@echo "==> examples-test: Examples/ (demo, server, serverTests) with warnings as errors, then its tests"
@@ -62,6 +72,13 @@ server-load: server wrk-deps
 	@bin="$$(cd $(EXAMPLES_DIR) && $(SWIFT) build -c $(SERVER_CONFIG) --product server $(EXAMPLES_FLAGS) --show-bin-path)" && \
 		LOAD_SECONDS=$(LOAD_SECONDS) LOAD_THREADS=$(LOAD_THREADS) LOAD_CONNECTIONS=$(LOAD_CONNECTIONS) WRK=$(WRK) \
 		bash $(EXAMPLES_DIR)/LoadTest/server-load.sh "$$bin/server"
+
+server-compare: server wrk-deps
+	@echo "==> server-compare: --engine promise against --engine nio on 127.0.0.1 under wrk ($(COMPARE_ROUNDS) rounds of $(COMPARE_SECONDS) s each, $(LOAD_THREADS) threads, $(LOAD_CONNECTIONS) connections), every response checked"
+	@bin="$$(cd $(EXAMPLES_DIR) && $(SWIFT) build -c $(SERVER_CONFIG) --product server $(EXAMPLES_FLAGS) --show-bin-path)" && \
+		COMPARE_ROUNDS=$(COMPARE_ROUNDS) COMPARE_SECONDS=$(COMPARE_SECONDS) \
+		LOAD_THREADS=$(LOAD_THREADS) LOAD_CONNECTIONS=$(LOAD_CONNECTIONS) WRK=$(WRK) \
+		bash $(EXAMPLES_DIR)/LoadTest/server-compare.sh "$$bin/server"
 
 docs: deps
 	@for module in $(DOCS_MODULES); do \
