@@ -50,17 +50,18 @@ for engine in $engines; do
     server_stop "$engine"
 done
 
-# median COLUMN FILE: the median of a column (the mean of the middle two for an even count).
+# median COLUMN FILE [FORMAT]: the median of a column (the mean of the middle two for an
+# even count), printed with FORMAT (%.2f).
 median() {
-    sort -g -k"$1,$1" "$2" | awk -v c="$1" '{ v[NR] = $c } END {
-        if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    sort -g -k"$1,$1" "$2" | awk -v c="$1" -v f="${3:-%.2f}\n" '{ v[NR] = $c } END {
+        printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 echo "==> server-compare: median over $rounds rounds of ${seconds}s each (wrk -t$threads -c$connections, every response checked)"
 printf '    %-8s %12s %10s %10s\n' engine requests/s "p50 ms" "p99 ms"
 for engine in $engines; do
     printf '    %-8s %12s %10s %10s\n' "$engine" \
-        "$(median 1 "$work/$engine.rounds")" "$(median 2 "$work/$engine.rounds")" "$(median 3 "$work/$engine.rounds")"
+        "$(median 1 "$work/$engine.rounds" %.0f)" "$(median 2 "$work/$engine.rounds")" "$(median 3 "$work/$engine.rounds")"
 done
 awk -v pr="$(median 1 "$work/promise.rounds")" -v nr="$(median 1 "$work/nio.rounds")" \
     -v p99p="$(median 3 "$work/promise.rounds")" -v p99n="$(median 3 "$work/nio.rounds")" 'BEGIN {
