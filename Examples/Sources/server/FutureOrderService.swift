@@ -17,8 +17,8 @@ import NIOCore
 ///   from the backend task (one hop back per lookup, NIO's own `succeed` off the loop),
 ///   and the join runs on the channel's loop; the promise version joins on the backend
 ///   threads, where the last lookup lands, and hops once to render.
-/// - The deadline is a task scheduled on the channel's loop and cancelled when the order
-///   completes first; Promise's `timeout` uses a Dispatch timer.
+/// - The deadline is a task scheduled on the channel's loop, as in OrderService; here it
+///   is cancelled where the join completes, which is on that loop too.
 struct FutureOrderService: Sendable {
     /// The loops the lookups run on, as in OrderService.
     let backend: any EventLoopGroup
