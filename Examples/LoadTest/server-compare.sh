@@ -30,14 +30,17 @@ for engine in $engines; do
     server_start "$engine" "$server" --engine "$engine"
     # One second unrecorded, checked like the rest: connections, caches and the
     # allocator warmed up before the first round counts.
-    load_run "$engine" 1 "$threads" "$connections" "$work/warmup.log" >"$work/warmup.out" ||
-        { cat "$work/warmup.out"; exit 1; }
+    load_run "$engine" 1 "$threads" "$connections" "$work/wrk.log" >/dev/null ||
+        { cat "$work/wrk.log"; exit 1; }
 done
 
 for round in $(seq "$rounds"); do
     for engine in $engines; do
         echo "==> round $round of $rounds: $engine"
-        load_run "$engine" "$seconds" "$threads" "$connections" "$work/wrk.log" | grep -E 'requests/s|latency'
+        # The whole report only if something was wrong; else the two lines that count.
+        load_run "$engine" "$seconds" "$threads" "$connections" "$work/wrk.log" >/dev/null ||
+            { cat "$work/wrk.log"; exit 1; }
+        grep -E 'requests/s|latency' "$work/wrk.log"
         # "N requests in S s: R requests/s" and "latency ... p50 X ms, p90 ..., p99 Y ms"
         rps=$(sed -n 's/^server-load: .* \([0-9.]*\) requests\/s$/\1/p' "$work/wrk.log")
         p50=$(sed -n 's/^server-load: latency.* p50 \([0-9.]*\) ms.*/\1/p' "$work/wrk.log")

@@ -89,7 +89,7 @@ load_run() {
         return 1
     fi
     if ! grep -q '^server-load: PASS$' "$log"; then
-        echo "$prefix: FAILED: wrong responses or errors from $name (see above)" >&2
+        echo "$prefix: FAILED: wrong responses or errors from $name (see wrk's report)" >&2
         return 1
     fi
 }
