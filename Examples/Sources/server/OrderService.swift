@@ -1,6 +1,7 @@
 // The promise side of the server: one request fans out to five lookups that run on the
-// backend's event loops, is joined with `all` and `and`, bounded with `timeout`, and is
-// rendered on the channel's own loop. FutureOrderService does the same with NIO futures.
+// backend's event loops, is joined with `all` and `and`, bounded by a deadline (a task
+// on the channel's loop), and is rendered on that loop. FutureOrderService does the same
+// with NIO futures.
 import NIOCore
 import Promise
 import PromiseNIO
