@@ -1,4 +1,4 @@
-// swift-tools-version:6.1
+// swift-tools-version:6.2
 //
 // Two library products:
 //
@@ -10,7 +10,8 @@
 // Why a trait: SwiftPM fetches every package a manifest names, whichever products a
 // consumer uses (a plain second product would check SwiftNIO and its four dependencies
 // out for everybody), while a dependency named only under a trait that is off is neither
-// fetched nor built. So a package that wants only Promise writes
+// fetched nor built, from SwiftPM 6.2 on (6.1 has traits but still fetches such a
+// dependency). So a package that wants only Promise writes
 //
 //     .package(url: "https://github.com/OWNER/Promise.git", from: "1.0.0")
 //
@@ -19,10 +20,10 @@
 //     .package(url: "https://github.com/OWNER/Promise.git", from: "1.0.0", traits: ["SwiftNIO"])
 //     ... .product(name: "PromiseNIO", package: "Promise")
 //
-// Traits need swift-tools-version 6.1. Swift 6.0 reads Package@swift-6.0.swift instead,
-// which offers the Promise product alone (see there). In this repository, `make` enables
-// the trait (`swift build --traits SwiftNIO`), so PromiseNIO is built and tested with the
-// rest.
+// Hence swift-tools-version 6.2. Swift 6.0 and 6.1 read Package@swift-6.0.swift instead
+// (SwiftPM picks the newest manifest its tools can read), which offers the Promise product
+// alone. In this repository, `make` enables the trait (`swift build --traits SwiftNIO`), so
+// PromiseNIO is built and tested with the rest.
 import PackageDescription
 
 let package = Package(

@@ -1,13 +1,14 @@
 // swift-tools-version:6.0
 //
-// The manifest Swift 6.0 reads (6.1 and later read Package.swift). It offers the Promise
-// product alone, which depends on nothing but the toolchain and the system library
-// libatomic_ops (Debian: libatomic-ops-dev; Homebrew: libatomic_ops).
+// The manifest Swift 6.0 and 6.1 read (6.2 and later read Package.swift, whose tools
+// version is too new for them). It offers the Promise product alone, which depends on
+// nothing but the toolchain and the system library libatomic_ops (Debian:
+// libatomic-ops-dev; Homebrew: libatomic_ops).
 //
-// PromiseNIO is not here: it sits behind a package trait, and traits need tools 6.1.
-// Naming SwiftNIO in this manifest without one would make SwiftPM fetch it for every
-// consumer of Promise, so Swift 6.0 users of SwiftNIO convert with the few lines of
-// Sources/PromiseNIO in their own code, or move to Swift 6.1.
+// PromiseNIO is not here: it sits behind a package trait, and only SwiftPM 6.2 and later
+// leave a dependency behind a trait that is off unfetched. Naming SwiftNIO here would make
+// SwiftPM fetch it for every consumer of Promise, so users of SwiftNIO on Swift 6.0 or 6.1
+// convert with the few lines of Sources/PromiseNIO in their own code, or move to 6.2.
 import PackageDescription
 
 let package = Package(

@@ -1,6 +1,6 @@
-// swift-tools-version:6.1
-// Small programs a newcomer reads first. A package of its own, so the library's own
-// Package.swift stays free of dependencies: SwiftNIO is a dependency of this package only.
+// swift-tools-version:6.2
+// Small programs a newcomer reads first. A package of its own, so that the library's own
+// Package.swift names only what its products need (SwiftNIO behind a trait, for PromiseNIO).
 //
 //   demo        the guided tour (`make demo`): Promise alone, no NIO
 //   server      an HTTP server on SwiftNIO whose handler fans out to promise-returning
@@ -9,7 +9,7 @@
 //               --engine nio, the same handler on NIO futures only (`make server-compare`)
 //   serverTests the two engines answer every request alike (`make examples-test`)
 //
-// The documentation of the Promise module is built by the docs-only package in Docs/
+// The documentation of Promise and PromiseNIO is built by the docs-only package in Docs/
 // (`make docs`), which holds the swift-docc-plugin dependency.
 import PackageDescription
 

@@ -1,4 +1,4 @@
-// swift-tools-version:6.1
+// swift-tools-version:6.2
 //
 // A server-side package that uses PromiseNIO exactly as an outside user would: it enables
 // the Promise package's SwiftNIO trait and names the PromiseNIO product. By path to this
