@@ -25,7 +25,8 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     /// for it, and its parent: what to look at when a promise seems stuck.
     ///
     /// ```swift
-    /// let child = Promise<Int>().then { $0 + 1 }
+    /// let root = Promise<Int>()
+    /// let child = root.then { $0 + 1 }
     /// debugPrint(child)
     /// // Promise<Int>(pending) at 0x00005605c3f4a2d0, no observers waiting,
     /// //   parent Promise<Int>(pending) at 0x00005605c3f4a1e0
@@ -59,7 +60,7 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     }
 
     private var addressDescription: String {
-        let address = UInt(bitPattern: ObjectIdentifier(self).hashValue)
+        let address = UInt(bitPattern: ObjectIdentifier(self))
         let hex = String(address, radix: 16)
         return "0x" + String(repeating: "0", count: max(0, 2 * MemoryLayout<UInt>.size - hex.count)) + hex
     }

@@ -36,7 +36,9 @@ final class DescriptionTests: XCTestCase {
 
     func testDebugDescriptionShowsAddressObserversAndRoot() {
         let root = Promise<Int>()
-        let address = String(UInt(bitPattern: ObjectIdentifier(root).hashValue), radix: 16)
+        let address = String(UInt(bitPattern: ObjectIdentifier(root)), radix: 16)
+        XCTAssertEqual(UInt(bitPattern: ObjectIdentifier(root)),
+                       UInt(bitPattern: Unmanaged.passUnretained(root).toOpaque()), "the object's address")
         let idle = root.debugDescription
         XCTAssertTrue(idle.hasPrefix("Promise<Int>(pending) at 0x"), idle)
         XCTAssertTrue(idle.contains(address), idle)
@@ -58,7 +60,7 @@ final class DescriptionTests: XCTestCase {
         let whileAlive = child.debugDescription
         XCTAssertTrue(whileAlive.hasPrefix("Promise<Int>(pending) at 0x"), whileAlive)
         XCTAssertTrue(whileAlive.hasSuffix("parent Promise<String>(pending) at 0x"
-                                           + String(UInt(bitPattern: ObjectIdentifier(parent!).hashValue), radix: 16)
+                                           + String(UInt(bitPattern: Unmanaged.passUnretained(parent!).toOpaque()), radix: 16)
                                                .leftPadded(to: 2 * MemoryLayout<UInt>.size)),
                       whileAlive)
 
