@@ -9,12 +9,13 @@ CORE_INC   := Sources/CPromiseCore/include
 CORE_TEST  := Tests/CoreTests/core_test.c
 CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
 # Swift warnings are errors. The C core's warnings (-Wall -Wextra) are errors in
-# test-core and test-core-32, which compile it with gcc and clang; `-Xcc -Werror` cannot
-# be passed here, as SwiftPM rejects it once a remote package (SwiftNIO) is in the build.
+# test-core and test-core-32, which compile it with gcc and clang. No C flags here: they
+# would reach SwiftNIO's C shims too, and SwiftPM rejects `-Xcc -Werror` once a remote
+# package is in the build.
 # SWIFT_TRAITS builds PromiseNIO (the package trait SwiftNIO, off for consumers by
 # default) with everything else, so that every target here builds and tests it.
 SWIFT_TRAITS := --traits SwiftNIO
-SWIFT_WARN  := -Xswiftc -warnings-as-errors -Xcc -Wall -Xcc -Wextra
+SWIFT_WARN  := -Xswiftc -warnings-as-errors
 SWIFT_FLAGS := $(SWIFT_TRAITS) $(SWIFT_WARN)
 
 .PHONY: all deps build test test-core test-core-32 test-swift demo clean help
@@ -30,7 +31,7 @@ help:
 	@echo "make test       C core tests + swift test + public API check"
 	@echo "make test-core-32  the C core and its tests as a 32-bit program (installs libc6-dev-i386)"
 	@echo "make integration  build and run IntegrationTests/ (Promise alone: no SwiftNIO fetched; PromiseNIO) by path and by git URL"
-	@echo "make api-check  compare the public API with Scripts/public-api.txt (make api-update rewrites it)"
+	@echo "make api-check  compare the public API of Promise and PromiseNIO with Scripts/public-api*.txt (make api-update rewrites them)"
 	@echo "make demo       run the demo program (Examples/)"
 	@echo "make docs       build the DocC archives of Promise and PromiseNIO (Examples/Docs, swift-docc-plugin; warnings fail)"
 	@echo "make server-load  run the Examples/ SwiftNIO server under wrk on 127.0.0.1, checking every response"

@@ -8,8 +8,9 @@
 API_MODULE picks the module: Promise (the default; list Scripts/public-api.txt) or
 PromiseNIO (Scripts/public-api-PromiseNIO.txt, built with the package trait SwiftNIO).
 
-How: builds the `Promise` target into a scratch folder of its own (.build-api, ignored
-by git's `.build*/`) with the compiler emitting a symbol graph of the public
+How: builds the module's target into a scratch folder of its own (.build-api, or
+.build-api-PromiseNIO; ignored by git's `.build*/`) with the compiler emitting a symbol
+graph of the public
 declarations, then turns the graph into one sorted line per symbol:
 
     <path> [<kind>] <declaration as the compiler prints it>
@@ -26,7 +27,8 @@ Not visible in a symbol graph, so not checked: `@_disfavoredOverload`, `@inlinab
 `@usableFromInline` internals and `@_spi` symbols.
 
 Environment: SWIFT (default `swift`) is the driver; API_SCRATCH (default .build-api)
-the build folder (.build-api-PromiseNIO for PromiseNIO); API_MODULE the module.
+the build folder (give each module its own: the trait changes how every target is
+compiled); API_MODULE the module.
 """
 
 import glob

@@ -9,7 +9,7 @@
 #                       NIOConsumer  PromiseNIO, with the SwiftNIO package trait
 #   make api-check    compares the public symbols of Promise and PromiseNIO with
 #                     Scripts/public-api.txt and Scripts/public-api-PromiseNIO.txt
-#   make api-update   rewrites Scripts/public-api.txt after an intended API change
+#   make api-update   rewrites both lists after an intended API change
 
 CONSUMER_DIR := IntegrationTests/Consumer
 PYTHON       ?= python3

@@ -3,8 +3,9 @@
 #   make stress   the C core's racing tests and Tests/PromiseStressTests (release build)
 #                 with long knobs: STRESS_ITERATIONS rounds per test, capped at
 #                 STRESS_SECONDS each (make stress STRESS_SECONDS=600 for a soak)
-#   make tsan     swift test --sanitize=thread over PromiseTests and PromiseStressTests,
-#                 plus the C test built with clang -fsanitize=thread
+#   make tsan     swift test --sanitize=thread over PromiseTests, PromiseStressTests and
+#                 PromiseNIOTests (SwiftNIO built under the sanitizer too), plus the C
+#                 test built with clang -fsanitize=thread
 #   make asan     the same with --sanitize=address (LeakSanitizer on), and the C test
 #                 with -fsanitize=address,undefined
 #

@@ -60,6 +60,12 @@ median() {
         printf f, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+for engine in $engines; do
+    if [ ! -s "$work/$engine.rounds" ] || grep -qvE '^[0-9.]+ [0-9.]+ [0-9.]+$' "$work/$engine.rounds"; then
+        echo "$prefix: FAILED: could not read wrk's figures for $engine (has its report changed?)" >&2
+        exit 1
+    fi
+done
 echo "==> server-compare: median over $rounds rounds of ${seconds}s each (wrk -t$threads -c$connections, every response checked)"
 printf '    %-8s %12s %10s %10s\n' engine requests/s "p50 ms" "p99 ms"
 for engine in $engines; do

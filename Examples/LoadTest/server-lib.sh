@@ -61,11 +61,28 @@ server_port() {
 }
 
 # server_stop NAME: stops the server ourselves (TERM), so that a crash on shutdown fails
-# the caller too, and prints its closing lines. Exits if it does not exit with status 0.
+# the caller too, and prints its closing lines. Exits if it does not exit with status 0,
+# had already died, or takes over 10 s to stop (then it is killed).
 server_stop() {
-    local name=$1 pid status=0
+    local name=$1 pid status=0 tries=0
     pid=$(cat "$work/$name.pid")
-    kill -TERM "$pid"
+    if ! kill -TERM "$pid" 2>/dev/null; then
+        echo "$prefix: FAILED: the server ($name) had died before it was stopped" >&2
+        sed 's/^/    /' "$work/$name.log" >&2
+        wait "$pid" || true
+        exit 1
+    fi
+    while kill -0 "$pid" 2>/dev/null && [ "$tries" -lt 100 ]; do
+        sleep 0.1
+        tries=$((tries + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -KILL "$pid" 2>/dev/null || true
+        echo "$prefix: FAILED: the server ($name) did not stop within 10 s of SIGTERM" >&2
+        wait "$pid" || true
+        sed 's/^/    /' "$work/$name.log" >&2
+        exit 1
+    fi
     wait "$pid" || status=$?
     rm -f "$work/$name.pid"
     sed 's/^/    /' "$work/$name.log" | tail -n +2

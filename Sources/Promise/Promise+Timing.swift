@@ -79,11 +79,12 @@ extension Promise where Value == Void {
 }
 
 extension Promise {
-    /// A promise fulfilled with `value` after `interval`; cancelling it cancels the timer.
+    /// A promise fulfilled with `value` after `interval`; settling it first (a cancel,
+    /// or a resolver from outside) cancels the timer.
     static func fulfilling(_ value: Value, after interval: Duration) -> Promise<Value> {
         let promise = Promise<Value>()
         let timer = PromiseTimer(after: interval) { promise.fulfill(value) }
-        promise.onCancel { timer.cancel() }
+        promise.whenComplete(on: .immediate) { _ in timer.cancel() }
         return promise
     }
 

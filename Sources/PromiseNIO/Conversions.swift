@@ -90,7 +90,7 @@ extension Promise {
     /// rejection of the receiver always hops, even when it happens on the loop (no
     /// Zalgo); a cancellation flows down at once, on the cancelling thread, as it does
     /// everywhere. Cheaper than `then(on: .eventLoop(loop))` when nothing is transformed:
-    /// no user closure is stored.
+    /// the empty closure it stores needs no allocation.
     public func hop(to eventLoop: any EventLoop) -> Promise<Value> {
         always(on: EventLoopContext(eventLoop)) {}
     }
@@ -108,7 +108,9 @@ extension Promise {
     /// ```
     ///
     /// The timer is a task scheduled on the loop (`scheduleTask(in:)`), and the child
-    /// settling first cancels it, which takes it off the loop at once. What that saves on
+    /// settling first cancels it, which takes it off the loop at once. The loop must
+    /// outlive the deadline: a loop shut down first drops the task (NIO does), and the
+    /// child then waits for the receiver alone. What that saves on
     /// a server: the library's own `timeout(_:)` uses a Dispatch timer, whose cancelled
     /// block still waits for its deadline, holding the child, and then wakes a thread to
     /// do nothing; here a request answered in a millisecond leaves nothing behind. The

@@ -18,6 +18,9 @@ import Promise
 ///
 /// `execute` forwards to `EventLoop.execute`, which always enqueues, even when called on
 /// the loop itself: a handler never runs inside the call that registered it (no Zalgo).
+/// Shut the loop down only once the promises whose handlers it runs have settled and
+/// their handlers have run: a loop that is shut down drops work handed to it (NIO logs
+/// it), and a child whose handler is dropped stays pending.
 /// Handlers registered on one promise with one loop run in registration order, as NIO
 /// runs a loop's tasks in the order they were enqueued. For work that must run on the
 /// loop but is short and already there, `.immediate` saves the hop: a promise settled on

@@ -6,16 +6,16 @@
 import Promise
 
 /// PromiseNIO was built without SwiftNIO: enable the package trait.
-@available(*, unavailable, message: "PromiseNIO needs the package trait SwiftNIO: .package(url: \"https://github.com/OWNER/Promise.git\", from: \"X.Y.Z\", traits: [\"SwiftNIO\"])")
+@available(*, unavailable, message: "PromiseNIO is built without SwiftNIO: add traits: [\"SwiftNIO\"] to the Promise package dependency")
 public struct EventLoopContext {}
 
 extension Promise {
     /// PromiseNIO was built without SwiftNIO: enable the package trait.
-    @available(*, unavailable, message: "PromiseNIO needs the package trait SwiftNIO: .package(url: \"https://github.com/OWNER/Promise.git\", from: \"X.Y.Z\", traits: [\"SwiftNIO\"])")
+    @available(*, unavailable, message: "PromiseNIO is built without SwiftNIO: add traits: [\"SwiftNIO\"] to the Promise package dependency")
     public func futureResult<Loop>(on eventLoop: Loop) -> Never { fatalError("unavailable") }
 
     /// PromiseNIO was built without SwiftNIO: enable the package trait.
-    @available(*, unavailable, message: "PromiseNIO needs the package trait SwiftNIO: .package(url: \"https://github.com/OWNER/Promise.git\", from: \"X.Y.Z\", traits: [\"SwiftNIO\"])")
+    @available(*, unavailable, message: "PromiseNIO is built without SwiftNIO: add traits: [\"SwiftNIO\"] to the Promise package dependency")
     public func hop<Loop>(to eventLoop: Loop) -> Never { fatalError("unavailable") }
 }
 #endif

@@ -99,6 +99,9 @@ final class PromiseNIOTests: XCTestCase {
         let promise = Promise(nio.futureResult)
         promise.cancel()
         nio.succeed(1)
+        // The completion reaches the promise on the loop: wait until it has, then look.
+        XCTAssertEqual(try nio.futureResult.wait(), 1)
+        try loop.submit {}.wait()
         XCTAssertTrue(promise.isCancelled)
     }
 

@@ -615,11 +615,11 @@ final class MemoryTests: XCTestCase {
             let value = WatchedValue()
             weakValue = value
             let source = Promise(value: value)
+            // The source is fulfilled, so the delay's timer starts inside `delay` (its
+            // hand-off runs on `.immediate`).
             let child = source.delay(.seconds(60))
             weakChild = child
-            XCTAssertTrue(eventually { child.isPending && !source.isPending })
-            // The delay's timer runs once the source's value reached it (on the default
-            // context); wait for that, then cancel.
+            XCTAssertTrue(child.isPending)
             child.cancel()
             XCTAssertTrue(child.isCancelled)
         }
@@ -635,6 +635,16 @@ final class MemoryTests: XCTestCase {
             timer.cancel()
         }
         XCTAssertTrue(eventually { weakTimer == nil }, "a cancelled after() was kept until its deadline")
+    }
+
+    func testAfterSettledFromOutsideIsFreedBeforeItsDeadline() {
+        weak var weakTimer: Promise<Void>?
+        do {
+            let timer = Promise.after(.seconds(60))
+            weakTimer = timer
+            timer.reject(PromiseError.timedOut)  // an outside resolver wins, as with any pending promise
+        }
+        XCTAssertTrue(eventually { weakTimer == nil }, "an after() settled from outside was kept until its deadline")
     }
 
     // MARK: Stack safety

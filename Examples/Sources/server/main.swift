@@ -3,7 +3,7 @@
 //
 //   GET /order/<id>   five parallel lookups on the backend loops, joined with all/and,
 //                     bounded by a timeout, rendered on the channel's loop:
-//                     "id=42 user=user-42 price=95 stock=6 total=570"
+//                     "id=42 user=user-42 price=95 stock=5 total=475"
 //   GET /health       "ok"
 //
 // Listens on 127.0.0.1 only. `make server-load` builds it, starts it, loads it with wrk

@@ -21,7 +21,7 @@ final class OrderEngineTests: XCTestCase {
     func testBothEnginesAnswerEveryTargetAlikeAndRightly() throws {
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let backend = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        defer { shutDown(loops, backend) }
+        defer { shutDown(backend, loops) }  // the lookups' loops first: nothing runs on them now
         let loop = loops.next()
         // A deadline no test machine reaches, so that only a timeout test sees a 504.
         let promise = OrderService(backend: backend, deadline: .seconds(60))
@@ -43,10 +43,17 @@ final class OrderEngineTests: XCTestCase {
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let backend = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let gate = DispatchSemaphore(value: 0)
-        defer { shutDown(loops, backend) }
-        backend.next().execute { gate.wait() }
-        defer { gate.signal() }  // also on a throw, before the shutdown (defers run last first)
         let loop = loops.next()
+        backend.next().execute { gate.wait() }
+        defer {
+            // Also on a throw. Let the held lookups run out (the NIO engine's fail their
+            // promises on `loop`), then the hops they made to `loop`, and only then shut
+            // the groups down: a loop shut down first would drop that work.
+            gate.signal()
+            XCTAssertNoThrow(try backend.next().submit {}.wait())
+            XCTAssertNoThrow(try loop.submit {}.wait())
+            shutDown(backend, loops)
+        }
         let promise = OrderService(backend: backend, deadline: .milliseconds(1))
         let nio = FutureOrderService(backend: backend, deadline: .milliseconds(1))
 

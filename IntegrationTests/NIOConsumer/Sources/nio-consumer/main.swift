@@ -9,6 +9,12 @@ import PromiseNIO
 
 struct Failure: Error, Equatable {}
 
+extension Result {
+    var failureValue: Failure? {
+        if case .failure(let error) = self { error } else { nil }
+    }
+}
+
 DispatchQueue.global().asyncAfter(deadline: .now() + 60) {
     print("FAIL  watchdog: nio-consumer did not finish within 60 s")
     exit(2)
@@ -47,10 +53,21 @@ nioPromise.completeWith(Promise(value: "done"))
 check((try? nioPromise.futureResult.wait()) == "done", "EventLoopPromise.completeWith(promise)")
 
 // Cancellation reaches a scheduled task.
-let never = Promise(loop.scheduleTask(in: .seconds(30)) { 0 })
+let task = loop.scheduleTask(in: .seconds(30)) { 0 }
+let never = Promise(task)
 never.cancel()
-let cancelledTask = Result { try never.wait(timeout: .seconds(10)) }
-check(never.isCancelled && (try? cancelledTask.get()) == nil, "cancelling Promise(scheduled) settles it at once")
+check(never.isCancelled, "cancelling Promise(scheduled) settles it at once")
+let taskOutcome = Result { try task.futureResult.wait() }
+check((try? taskOutcome.get()) == nil && (taskOutcome.failureValue as? EventLoopError) == .cancelled,
+      "... and cancels the scheduled task")
+
+// timeout(_:on:): the deadline on the loop.
+let slow = Promise<Int>()  // held: a source dropped pending would break the child at once
+let late = slow.timeout(.milliseconds(10), on: loop)
+let lateOutcome = Result { try late.wait(timeout: .seconds(10)) }
+check(slow.isPending, "timeout(_:on:) leaves its receiver alone")
+check({ if case .failure(PromiseError.timedOut) = lateOutcome { true } else { false } }(),
+      "timeout(_:on:) rejects with PromiseError.timedOut")
 
 try group.syncShutdownGracefully()
 print(failed == 0 ? "nio-consumer: all checks passed" : "nio-consumer: \(failed) failed")
