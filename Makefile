@@ -85,7 +85,7 @@ demo: deps
 
 clean:
 	@echo "==> clean"
-	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build .build-api .build-api-PromiseNIO
+	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build .build-api
 
 # ---- 32-bit targets (watchOS's arm64_32 among them) ---------------------------------------
 

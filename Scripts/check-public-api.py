@@ -8,9 +8,9 @@
 API_MODULE picks the module: Promise (the default; list Scripts/public-api.txt) or
 PromiseNIO (Scripts/public-api-PromiseNIO.txt, built with the package trait SwiftNIO).
 
-How: builds the module's target into a scratch folder of its own (.build-api, or
-.build-api-PromiseNIO; ignored by git's `.build*/`) with the compiler emitting a symbol
-graph of the public
+How: builds the module's target into a scratch folder of its own (.build-api, ignored by
+git's `.build*/`, shared by both modules) with the compiler emitting a symbol graph of the
+public
 declarations, then turns the graph into one sorted line per symbol:
 
     <path> [<kind>] <declaration as the compiler prints it>
@@ -27,8 +27,7 @@ Not visible in a symbol graph, so not checked: `@_disfavoredOverload`, `@inlinab
 `@usableFromInline` internals and `@_spi` symbols.
 
 Environment: SWIFT (default `swift`) is the driver; API_SCRATCH (default .build-api)
-the build folder (give each module its own: the trait changes how every target is
-compiled); API_MODULE the module.
+the build folder; API_MODULE the module.
 """
 
 import glob
@@ -43,8 +42,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.environ.get("API_MODULE", "Promise")
 LIST_NAME = "public-api.txt" if MODULE == "Promise" else "public-api-%s.txt" % MODULE
 LIST = os.path.join(ROOT, "Scripts", LIST_NAME)
-# PromiseNIO is SwiftNIO glue only with the package trait on; Promise builds without it.
-TRAITS = ["--traits", "SwiftNIO"] if MODULE == "PromiseNIO" else []
+# PromiseNIO is SwiftNIO glue only with the package trait on. Promise is built the same
+# way, so that both modules share one build folder (the trait changes how every target is
+# compiled) and the second check rebuilds only its own module.
+TRAITS = ["--traits", "SwiftNIO"]
 IMPLICIT_PROTOCOLS = {"Swift.Copyable", "Swift.Escapable", "Swift.SendableMetatype",
                       "Swift.BitwiseCopyable"}
 HEADER = (
@@ -66,10 +67,7 @@ def run(cmd):
 def build_symbol_graph():
     """Builds the module and returns the folder holding its fresh symbol graph files."""
     swift = os.environ.get("SWIFT", "swift")
-    # One folder per module: the trait changes how every target is compiled, so sharing
-    # one would rebuild Promise at each switch.
-    default_scratch = ".build-api" if MODULE == "Promise" else ".build-api-" + MODULE
-    scratch = os.path.join(ROOT, os.environ.get("API_SCRATCH", default_scratch))
+    scratch = os.path.join(ROOT, os.environ.get("API_SCRATCH", ".build-api"))
     graph_dir = os.path.join(scratch, "symbolgraph")
     common = [swift, "build", "--package-path", ROOT, "--scratch-path", scratch] + TRAITS
     bin_path = run(common + ["--show-bin-path"]).strip()

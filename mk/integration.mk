@@ -32,4 +32,4 @@ api-update: deps
 	@SWIFT="$(SWIFT)" API_MODULE=PromiseNIO $(PYTHON) Scripts/check-public-api.py --update
 
 clean-integration:
-	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build $(BUILD_DIR)/integration-git .build-api .build-api-PromiseNIO
+	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build $(BUILD_DIR)/integration-git .build-api
