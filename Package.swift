@@ -24,6 +24,7 @@
 // (SwiftPM picks the newest manifest its tools can read), which offers the Promise product
 // alone. In this repository, `make` enables the trait (`swift build --traits SwiftNIO`), so
 // PromiseNIO is built and tested with the rest.
+// Package@swift-6.0.swift repeats the targets below but PromiseNIO's: keep it in step.
 import PackageDescription
 
 let package = Package(

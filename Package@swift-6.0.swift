@@ -9,6 +9,9 @@
 // leave a dependency behind a trait that is off unfetched. Naming SwiftNIO here would make
 // SwiftPM fetch it for every consumer of Promise, so users of SwiftNIO on Swift 6.0 or 6.1
 // convert with the few lines of Sources/PromiseNIO in their own code, or move to 6.2.
+//
+// A manifest cannot share code with another, so the targets below repeat Package.swift's
+// (all of them but PromiseNIO and its tests): keep the two in step.
 import PackageDescription
 
 let package = Package(
