@@ -86,7 +86,8 @@ extension Promise {
     ///     }
     /// ```
     ///
-    /// `.immediate` handlers of the returned promise run on the loop. A fulfilment or
+    /// `.immediate` handlers registered on the returned promise before it settles run on
+    /// the loop (one registered later runs inline, as on any settled promise). A fulfilment or
     /// rejection of the receiver always hops, even when it happens on the loop (no
     /// Zalgo); a cancellation flows down at once, on the cancelling thread, as it does
     /// everywhere. Cheaper than `then(on: .eventLoop(loop))` when nothing is transformed:

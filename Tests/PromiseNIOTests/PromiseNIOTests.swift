@@ -154,8 +154,12 @@ final class PromiseNIOTests: XCTestCase {
         XCTAssertEqual(value, 4)
         XCTAssertTrue(onLoop)
 
-        let failed = Promise<Int>(error: Boom()).hop(to: loop)
+        // Registered while the source is pending: an `.immediate` handler registered on a
+        // promise that has already settled runs inline, on the registering thread.
+        let failing = Promise<Int>()
+        let failed = failing.hop(to: loop)
             .recover(on: .immediate) { _ in loop.inEventLoop ? 1 : 0 }
+        failing.reject(Boom())
         XCTAssertEqual(try failed.wait(timeout: .seconds(5)), 1, "a rejection hops too")
 
         // On the loop itself it still hops: nothing runs inside the call.
@@ -191,10 +195,14 @@ final class PromiseNIOTests: XCTestCase {
     func testTimeoutOnALoopRejectsThereWhenTimeRunsOut() throws {
         let loop = group.next()
         let never = Promise<Int>()
-        let timedOut = never.timeout(.milliseconds(20), on: loop).then(on: .immediate, { _ in false }, { error in
-            guard case PromiseError.timedOut = error else { throw error }
-            return loop.inEventLoop
-        })
+        // Set up in a task of the loop, so the timer (a task of the same loop) cannot fire
+        // before the `.immediate` handler is registered, however slow this thread is.
+        let timedOut = try loop.submit {
+            never.timeout(.milliseconds(20), on: loop).then(on: .immediate, { _ in false }, { error in
+                guard case PromiseError.timedOut = error else { throw error }
+                return loop.inEventLoop
+            })
+        }.wait()
         XCTAssertTrue(try timedOut.wait(timeout: .seconds(5)), "timed out, on the loop")
         XCTAssertTrue(never.isPending, "the receiver is untouched")
     }
