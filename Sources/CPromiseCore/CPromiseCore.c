@@ -443,6 +443,39 @@ uintptr_t pc_count_down(uintptr_t *counter) {
     return before - 1;
 }
 
+/* ---- the aggregate's retirement gate ---------------------------------------------- */
+
+bool pc_gate_enter(uintptr_t *gate) {
+    /* full: the acquire half makes a retirer's drops visible before we look at the bits
+     * (so we see RETIRED and keep off); the release half orders our entry before what the
+     * callback then writes, which a retirer acquires through its CAS in pc_gate_leave. */
+    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(gate), (AO_t)PC_GATE_ACTIVE_ONE);
+    return (before & PC_GATE_RETIRED) == 0;
+}
+
+bool pc_gate_leave(uintptr_t *gate, bool request) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(gate));
+    for (;;) {
+        if (seen < PC_GATE_ACTIVE_ONE) {
+            pc_die("pc_gate_leave", "left a gate nobody entered", seen);
+        }
+        uintptr_t next = (seen - PC_GATE_ACTIVE_ONE) | (request ? PC_GATE_REQUESTED : 0u);
+        bool retire = next == PC_GATE_REQUESTED; /* nobody inside, asked for, not retired */
+        if (retire) {
+            next |= PC_GATE_RETIRED;
+        }
+        /* full: release publishes this callback's writes (the slot it filled) to the
+         * retirer; acquire gives the retirer every earlier callback's writes, so it drops
+         * exactly what they kept. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(PC_WORD(gate), (AO_t)seen, (AO_t)next);
+        if (was == seen) {
+            return retire;
+        }
+        seen = was;
+    }
+}
+
 /* ---- locked words ----------------------------------------------------------------- */
 
 /* Failed lock attempts before each further one yields the processor: a holder that was

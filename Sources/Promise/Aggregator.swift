@@ -27,18 +27,29 @@ final class Aggregator: @unchecked Sendable {
 
     let count: Int
     private let slots: UnsafeMutablePointer<AggregatorSlot>
+    /// The countdown (`countDown`) and the retirement gate (`pc_gate_enter`), two words.
     private let remaining: UnsafeMutablePointer<UInt>
+    private var gate: UnsafeMutablePointer<UInt> { remaining + 1 }
     private let inputSettled: InputSettled
+    /// The output, retained: the aggregator is its resolver. Dropped with the settled
+    /// inputs when the aggregator retires (`retire`).
+    private var keptOutput: Unmanaged<AnyPromise>?
 
     /// - Parameters:
+    ///   - output: the promise the policy settles; held until it has settled.
     ///   - countdown: how many `countDown()` calls finish the aggregate.
-    init(inputs: [AnyPromise], countdown: Int, inputSettled: @escaping InputSettled) {
+    ///   - inputSettled: the policy. It reaches the output through a reference that does
+    ///     not hold it (`unowned(unsafe)`): the aggregator holds it for as long as the
+    ///     policy can run.
+    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, inputSettled: @escaping InputSettled) {
         precondition(MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.node) == 0)
         count = inputs.count
         slots = .allocate(capacity: count)
         slots.initialize(repeating: AggregatorSlot(), count: count)
-        remaining = .allocate(capacity: 1)
+        remaining = .allocate(capacity: 2)
         remaining.initialize(to: UInt(countdown))
+        (remaining + 1).initialize(to: 0)
+        keptOutput = Unmanaged.passRetained(output)
         // Plain stores: nothing else sees the slots before `start` registers them (and the
         // output's onCancel, registered before that, reaches the aggregator only after
         // `init` returned).
@@ -48,6 +59,7 @@ final class Aggregator: @unchecked Sendable {
 
     deinit {
         for index in 0..<count { slots[index].settled?.release() }
+        keptOutput?.release()
         slots.deinitialize(count: count)
         slots.deallocate()
         remaining.deallocate()
@@ -95,9 +107,34 @@ final class Aggregator: @unchecked Sendable {
         }
     }
 
+    /// An input settled. Until the output has settled the slot keeps the input (its value
+    /// is part of the answer); after, the aggregator keeps nothing: the callback that
+    /// finds the output settled with no other callback running retires it (`retire`), and
+    /// inputs that settle later are not kept. So a settled aggregate that nobody holds
+    /// keeps none of its inputs' values while another input stays pending
+    /// (`race([work, shutdown])` in a loop), only the aggregator's own slots.
     fileprivate func slotFired(_ slot: UnsafeMutablePointer<AggregatorSlot>, source: AnyPromise) {
-        slot.pointee.settled = Unmanaged.passRetained(source)
-        inputSettled(self, slot.pointee.index, source)
+        var outputSettled = false
+        if pc_gate_enter(gate) {
+            slot.pointee.settled = Unmanaged.passRetained(source)
+            inputSettled(self, slot.pointee.index, source)
+            outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { !$0.isPending }
+        }
+        if pc_gate_leave(gate, outputSettled) { retire() }
+    }
+
+    /// Drops the settled inputs and the output; once, with no policy call running
+    /// (`pc_gate_leave` elected us). A slot's unowned link to its input goes first, under
+    /// its lock, since nothing holds that input's memory any more: the output's `onCancel`
+    /// may still look for pending inputs (`cancelPendingInputs`).
+    private func retire() {
+        for index in 0..<count {
+            guard let settled = slots[index].settled else { continue }
+            slots[index].settled = nil
+            UnownedLink.clear(inputWord(slots + index), ifPointingAt: UInt(bitPattern: settled.toOpaque()))
+            settled.release()
+        }
+        keptOutput.take()?.release()
     }
 }
 

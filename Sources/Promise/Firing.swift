@@ -69,7 +69,7 @@ extension AnyPromise {
                 return
             }
             // In flight after the parent settled: a later cancel must still reach us.
-            linkIntoParentChain(parent: source)
+            enterFlight(parent: source)
             if source.carriesCancelForDescendants {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
@@ -176,7 +176,20 @@ extension AnyPromise {
         // `role` stays `.continuation` (the settling thread may still read it in
         // `runDeferred` while this runs on the context); `follow` moves it on.
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-        if !parentCancelled && claimHint != UInt(PC_CLAIM_FREE) { return }  // `handler` is released unrun
-        handler.run(parent, self)
+        if parentCancelled || claimHint == UInt(PC_CLAIM_FREE) {
+            handler.run(parent, self)
+        }  // else `handler` is released unrun: settled, or locked in by someone else
+        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlightWhileFollowing(parent: parent) }
+    }
+
+    /// This child, whose parent settled, follows another promise: its handler returned it
+    /// (`follow` entered flight already), or `resolve(with:)` locked it in before or while
+    /// the handler ran. Either way it is in flight, whatever its context, and a cancel
+    /// that reached an ancestor first is applied now.
+    final func stayInFlightWhileFollowing(parent: AnyPromise) {
+        enterFlight(parent: parent)
+        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
+            cancel(reason: reason)
+        }
     }
 }

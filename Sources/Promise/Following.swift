@@ -44,7 +44,7 @@ extension AnyPromise {
             forwardCancelIfClaimed(to: source)
             return
         }
-        linkIntoParentChain(parent: parent)
+        enterFlight(parent: parent)
         observe(source, as: .following)
         // Not recording: once observed, `source` may fire on another thread at once, and
         // the adoption there runs the check again and records its epoch.
@@ -73,7 +73,7 @@ extension AnyPromise {
     /// one that reached an ancestor already.
     @usableFromInline
     final func stayInFlight(parent: AnyPromise) {
-        linkIntoParentChain(parent: parent)
+        enterFlight(parent: parent)
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
             cancel(reason: reason)
         }

@@ -184,14 +184,32 @@ enum AncestorCheck {
 // once (PC_TREE_LINKED), so its node is in at most one registry.
 
 extension AnyPromise {
-    /// Links this promise into its parent's registry, and the parent into its own, up to
-    /// the first ancestor that is linked already (each link is made once).
+    /// The one transition into flight: this promise is pending below a parent that has
+    /// settled, with work still to come (a handler queued on a context, a promise it
+    /// follows, a hand-off to whoever settles it later). From here until it settles or
+    /// dies it holds its path up (`holdPathWhileInFlight`) and is linked into its parent's
+    /// registry (`linkIntoParentChain`), so a cancel of any live ancestor reaches it.
+    ///
+    /// Every way of becoming pending after the parent settled calls this, and nothing
+    /// else decides whether a promise is reached: the hold is taken whether or not the
+    /// promise was linked before (a descendant in flight links its pending ancestors
+    /// early, which is no hold of theirs). Calling it again while in flight changes
+    /// nothing.
     ///
     /// - Parameter parent: this promise's parent, which the caller holds (the thread that
     ///   fired this promise, or its continuation), so reading it needs no lock.
+    final func enterFlight(parent: AnyPromise) {
+        if holdsWord & UInt(PC_HOLDS_SELF) == 0 { holdPathWhileInFlight() }
+        linkIntoParentChain(parent: parent)
+    }
+
+    /// Links this promise into its parent's registry, and the parent into its own, up to
+    /// the first ancestor that is linked already (each link is made once). Reachability
+    /// only: whether the path is held is `holdPathWhileInFlight`'s business.
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds.
     final func linkIntoParentChain(parent: AnyPromise) {
         guard setTreeFlag(TreeFlag.linked) else { return }
-        holdPathWhileInFlight()
         parent.addToRegistry(self)
         // The common case ends here, without touching the reference counts: the parent is
         // a root, or linked already (pc_tree_flags_set would refuse it anyway).
@@ -292,8 +310,8 @@ extension AnyPromise {
 // settling, a load of the word, and the same walk back. Every publish loads the word once.
 
 extension AnyPromise {
-    /// Called once by a promise going in flight (`linkIntoParentChain`): holds the path up
-    /// until it settles (`publishClaimedOutcome`) or dies (deinit).
+    /// Called by a promise going in flight (`enterFlight`), while it does not hold yet:
+    /// holds the path up until it settles (`publishClaimedOutcome`) or dies (deinit).
     final func holdPathWhileInFlight() {
         guard holdsItsParentInFlight else { return }
         AnyPromise.addHold(UInt(PC_HOLDS_SELF), to: self)

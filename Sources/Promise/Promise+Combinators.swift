@@ -26,7 +26,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { aggregator, _, input in
+        return aggregate(promises, into: output, countdown: count) { [unowned(unsafe) output] aggregator, _, input in
             if input.isFulfilled {
                 guard aggregator.countDown() else { return }
                 output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
@@ -52,7 +52,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { aggregator, _, _ in
+        return aggregate(promises, into: output, countdown: count) { [unowned(unsafe) output] aggregator, _, _ in
             guard aggregator.countDown() else { return }
             output.fulfill((0..<count).map { aggregator.result(at: $0, as: Value.self) })
         }
@@ -73,7 +73,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count) { aggregator, index, input in
+        return aggregate(promises, into: output, countdown: count) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else if aggregator.countDown() {
@@ -94,7 +94,7 @@ extension Promise {
     public static func race(_ promises: [Promise<Value>]) -> Promise<Value> {
         let output = Promise<Value>()
         guard !promises.isEmpty else { return output }
-        return aggregate(promises, into: output, countdown: promises.count) { aggregator, index, input in
+        return aggregate(promises, into: output, countdown: promises.count) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else {
@@ -116,7 +116,7 @@ extension Promise {
         var inputs: [AnyPromise] = [self]
         for other in repeat each others { inputs.append(other) }
         let output = Promise<(Value, repeat each Other)>()
-        return Self.aggregate(inputs, into: output, countdown: inputs.count) { aggregator, _, input in
+        return Self.aggregate(inputs, into: output, countdown: inputs.count) { [unowned(unsafe) output] aggregator, _, input in
             guard input.isFulfilled else {
                 output.reject(input.failureOrCancellation)
                 return
@@ -135,17 +135,20 @@ extension Promise {
     /// cancellation to the inputs still pending.
     ///
     /// Ownership: the aggregator is the output's resolver, so it holds the output
-    /// strongly (`inputSettled` captures it) and is itself held by the inputs it observes;
-    /// a caller that keeps only a child of the output still gets its value. The output's
-    /// `onCancel` holds the aggregator weakly, so no cycle forms: once the inputs are
-    /// gone (settled or dropped), the aggregator and an unreferenced output are freed.
+    /// strongly until the output has settled (each policy reaches it `unowned(unsafe)`:
+    /// the aggregator outlives every policy call) and is itself held by the inputs it
+    /// observes; a caller that keeps only a child of the output still gets its value. Once
+    /// the output has settled the aggregator drops it and every settled input (see
+    /// `Aggregator.slotFired`). The output's `onCancel` holds the aggregator weakly, so no
+    /// cycle forms: once the inputs are gone (settled or dropped), the aggregator and an
+    /// unreferenced output are freed.
     static func aggregate<Output: Sendable>(
         _ inputs: [AnyPromise],
         into output: Promise<Output>,
         countdown: Int,
         _ inputSettled: @escaping Aggregator.InputSettled
     ) -> Promise<Output> {
-        let aggregator = Aggregator(inputs: inputs, countdown: countdown, inputSettled: inputSettled)
+        let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown, inputSettled: inputSettled)
         output.onCancel(withReason: { [weak aggregator] reason in
             aggregator?.cancelPendingInputs(reason: reason)
         })

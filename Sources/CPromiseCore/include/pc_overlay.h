@@ -6,6 +6,8 @@
  *   function        caller                           progress
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
  *   pc_once         any thread                       wait-free (one CAS)
+ *   pc_gate_enter   any thread                       wait-free (one fetch-and-add)
+ *   pc_gate_leave   any thread, once per enter       lock-free (CAS loop)
  *   pc_fence        any thread                       wait-free (one fence)
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
@@ -42,6 +44,26 @@ uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
  * later acquires it through pc_count_down.
  */
 bool pc_once(uintptr_t *_Nonnull flag);
+
+/*
+ * An aggregate's retirement gate: lets a combinator drop what it kept (its settled
+ * inputs, its output) once the output has settled, while inputs that are still pending
+ * keep firing into it. The word counts the slot callbacks running (PC_GATE_ACTIVE_ONE
+ * each) and carries PC_GATE_REQUESTED (someone saw the output settled) and
+ * PC_GATE_RETIRED (what was kept has been dropped, or is being dropped).
+ *
+ * pc_gate_enter returns false once the gate retired: the caller must not touch what
+ * the aggregate kept. pc_gate_leave (after every enter, true or false) sets REQUESTED
+ * if `request`, and returns true to the one caller that must retire: the one that
+ * leaves the gate with no callback running, REQUESTED set, and RETIRED not yet set (it
+ * sets RETIRED in the same CAS). So retirement runs once, and never while a callback
+ * that entered before it is still running.
+ */
+#define PC_GATE_REQUESTED 1u
+#define PC_GATE_RETIRED 2u
+#define PC_GATE_ACTIVE_ONE 4u
+bool pc_gate_enter(uintptr_t *_Nonnull gate);
+bool pc_gate_leave(uintptr_t *_Nonnull gate, bool request);
 
 /*
  * A full memory fence (StoreLoad included). Cycle detection's Dekker pairing: a promise
