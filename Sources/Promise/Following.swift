@@ -39,13 +39,13 @@ extension AnyPromise {
             return
         }
         recordFollowee(source, forwardsCancel: true)
-        if wouldWaitOnItself(following: source) {
+        enterFlight(parent: parent)
+        observe(source, as: .following)
+        if closesACycle(following: source) {
             rejectAsCycle(parent: parent)
             forwardCancelIfClaimed(to: source)
             return
         }
-        enterFlight(parent: parent)
-        observe(source, as: .following)
         // Not recording: once observed, `source` may fire on another thread at once, and
         // the adoption there runs the check again and records its epoch.
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
@@ -105,6 +105,25 @@ extension AnyPromise {
         return HeldMemory.promiseIfAlive(at: address)
     }
 
+    /// Called by a promise that locked in to follow `source`, recorded the link and
+    /// registered on `source`: whether that closed a wait cycle through it. Nobody can
+    /// wait on this promise without being registered on it (a pending child, a follower),
+    /// so a promise with no observers closes no cycle and needs no walk: a chain of
+    /// returned promises built inner-first (each level's handler returns the level below,
+    /// run before anyone observes its child) costs O(1) per link instead of its length.
+    ///
+    /// Races: a promise X locking in to follow this one at the same time registers on it,
+    /// fences, then reads our link; we recorded our link, fenced, registered, and read our
+    /// observers after another fence. Dekker: either we see X registered (and walk), or X
+    /// sees our link (and walks to us).
+    final func closesACycle(following source: AnyPromise) -> Bool {
+        guard claimHint == UInt(PC_CLAIM_FOLLOWING) else { return false }  // settled meanwhile
+        fullFence()
+        if source === self { return true }
+        guard hasWaitingObservers else { return false }
+        return wouldWaitOnItself(following: source)
+    }
+
     /// Whether following `source` would make this promise wait on itself: `source` is this
     /// promise, or waits for it through a chain of waits of any length. A pending promise
     /// waits for the promise it follows (locked in), and a pending child for its pending
@@ -115,7 +134,7 @@ extension AnyPromise {
     /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
     /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
     /// on, which ends at its first settled or parentless promise. No lock and no
-    /// allocation. A follow chain built tail-first pays its length at each link.
+    /// allocation. Only promises that others already wait on walk (`closesACycle`).
     ///
     /// Races: two promises locking in to follow each other at the same time each record
     /// their link, fence, then read the other's; at least one of them sees the other's

@@ -148,13 +148,10 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     public func resolve(with other: Promise<Value>) {
         guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else { return }
         recordFollowee(other, forwardsCancel: false)
-        if wouldWaitOnItself(following: other) {
-            rejectAsCycle(parent: nil)
-            return
-        }
         // A box, not our own node: a continuation child's node may still be registered
         // on its parent.
         FollowObserver(target: self).register(on: other)
+        if closesACycle(following: other) { rejectAsCycle(parent: nil) }
     }
 
     override func makeBrokenStandIn() -> AnyPromise {

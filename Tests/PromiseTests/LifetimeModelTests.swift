@@ -77,6 +77,25 @@ final class LifetimeModelTests: XCTestCase {
 
     // MARK: Follow chains are linear
 
+    /// A handler returning the pending promise of the level below, built inner-first
+    /// (Promises/A+ 2.3.2 nesting): each link costs O(1), not the chain's length.
+    func testInnerFirstNestingIsLinear() {
+        let levels = 100_000
+        let innermost = Promise<Int>()
+        var below = innermost
+        let start = Date()
+        defer { innermost.cancel() }
+        for _ in 0..<levels {
+            let level = below
+            below = Promise(value: 0).then(on: .immediate) { _ in level }
+        }
+        innermost.fulfill(7)
+        XCTAssertEqual(below.state, .fulfilled)
+        XCTAssertEqual(try below.wait(timeout: .seconds(10)), 7)
+        // Generous for a debug build under a sanitizer; quadratic took minutes.
+        XCTAssertLessThan(Date().timeIntervalSince(start), 60)
+    }
+
     /// The cycle check still sees a cycle closed at the far end of a long chain.
     func testCycleAtTheEndOfALongFollowChainIsSeen() {
         let innermost = Promise<Int>()
