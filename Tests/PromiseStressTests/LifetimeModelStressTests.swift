@@ -1,0 +1,97 @@
+// The lifetime model's cancel reach, under fire. Each round races a cancel of the root
+// against the other ways a descendant becomes pending below a settled parent:
+//   - a side branch of the leaf settling early and running a recovery on a queue (what a
+//     fired `timeout` does), while the root fulfils and the leaf's handler waits on a
+//     held queue: the leaf ends cancelled with the canceller's reason, always;
+//   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
+//     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
+//     or cancelled with the canceller's reason, never with the followed promise's value.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+final class LifetimeModelStressTests: XCTestCase {
+    private struct Reason: Error, Equatable { let round: Int }
+    private struct Early: Error {}
+
+    func testCancelReachesAQueuedLeafWhileItsSideBranchSettlesEarly() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let recoveries = DispatchQueue(label: "LifetimeModelStressTests.recoveries")
+
+        runStressRounds("cancel racing a side branch's early settle and the root's fulfil", invariants: [
+            "the queued leaf ends cancelled with the canceller's reason",
+        ]) { checker in
+            let round = checker.round
+            let held = DispatchQueue(label: "LifetimeModelStressTests.held")
+            held.suspend()
+            let root = Promise<Int>()
+            let leaf = root.then(on: .immediate) { $0 + 1 }
+                .then(on: .immediate) { $0 + 1 }
+                .then(on: held) { $0 + 1 }
+            let side = leaf.then(on: .immediate) { $0 }
+            let recovered = side.recover(on: recoveries) { _ in -1 }
+
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(300))
+                switch seat {
+                case 0: root.fulfill(0)
+                case 1: side.reject(Early())
+                default: root.cancel(reason: Reason(round: round))
+                }
+            }
+            checker.check(finished, "round hung")
+            checker.check(leaf.isCancelled, "the leaf ended \(leaf.state)")
+            held.resume()
+            if case .failure(let error) = Result(catching: { try leaf.wait(timeout: .seconds(20)) }) {
+                checker.check(error as? Reason == Reason(round: round), "the leaf was cancelled with \(error)")
+            }
+            _ = try? recovered.wait(timeout: .seconds(20))
+            return true
+        }
+    }
+
+    func testCancelReachesAChildLockedInByResolveWithWhileTheRootSettles() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var handlerWon = 0, cancelled = 0
+
+        runStressRounds("cancel racing resolve(with:) on an .immediate child and the root's fulfil", invariants: [
+            "the child ends fulfilled by its own handler or cancelled with the canceller's reason",
+            "it never takes the value of a promise it followed after the cancel",
+        ], details: {
+            "\(handlerWon) handlers first, \(cancelled) cancelled"
+        }) { checker in
+            let round = checker.round
+            let root = Promise<Int>()
+            let followed = Promise<Int>()
+            let child = root.then(on: .immediate) { $0 }
+
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(300))
+                switch seat {
+                case 0: child.resolve(with: followed)
+                case 1: root.fulfill(1)
+                default: root.cancel(reason: Reason(round: round))
+                }
+            }
+            checker.check(finished, "round hung")
+            followed.fulfill(2)
+            switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
+            case .success(let value):
+                checker.check(value == 1, "the child took \(value), not its handler's 1")
+                handlerWon += 1
+            case .failure(let error):
+                checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
+                checker.check(child.isCancelled, "the child ended \(child.state)")
+                cancelled += 1
+            }
+            return true
+        }
+    }
+}
