@@ -1203,6 +1203,83 @@ static void word_summary(void *context, unsigned long rounds) {
            "reader %lu\n", tries, successes, tries - successes, w->finished_by_reader);
 }
 
+/* ---- 6. the aggregate's retirement gate ------------------------------------------ */
+
+/* In order: enters and leaves, the request, and nothing retired twice or while inside. */
+static void test_gate_in_order(verdict *v) {
+    uintptr_t gate = 0;
+    CHECK(v, pc_gate_enter(&gate), "a fresh gate lets a callback in");
+    CHECK(v, pc_gate_enter(&gate), "and a second one");
+    CHECK(v, !pc_gate_leave(&gate, true), "no retirement while another callback is inside");
+    CHECK(v, pc_gate_leave(&gate, false), "the last one out retires what was asked for");
+    CHECK(v, !pc_gate_enter(&gate), "a retired gate lets nobody in");
+    CHECK(v, !pc_gate_leave(&gate, true), "and retires once only");
+    uintptr_t quiet = 0;
+    CHECK(v, pc_gate_enter(&quiet) && !pc_gate_leave(&quiet, false), "no request, no retirement");
+}
+
+/*
+ * Racing callbacks, one of which asks for retirement: exactly one leaver retires, with
+ * nobody inside, and no callback gets in after.
+ */
+enum { GATE_THREADS = 4 };
+
+typedef struct {
+    uintptr_t gate;
+    atomic_uint inside;
+    atomic_uint retirements;
+    atomic_uint inside_at_retirement;
+    atomic_uint entered_after;
+    atomic_bool retired;
+    unsigned long retired_by[GATE_THREADS];
+} gate_context;
+
+static void gate_prepare(void *context, unsigned long round) {
+    gate_context *g = context;
+    (void)round;
+    g->gate = 0;
+    atomic_store(&g->inside, 0);
+    atomic_store(&g->retirements, 0);
+    atomic_store(&g->inside_at_retirement, 0);
+    atomic_store(&g->entered_after, 0);
+    atomic_store(&g->retired, false);
+}
+
+static void gate_play(void *context, unsigned me, unsigned long round) {
+    gate_context *g = context;
+    spin_for((unsigned)((round * 31 + me * 97) % 400));
+    if (pc_gate_enter(&g->gate)) {
+        atomic_fetch_add(&g->inside, 1);
+        atomic_fetch_add(&g->entered_after, atomic_load(&g->retired) ? 1u : 0u);
+        spin_for(50);
+        atomic_fetch_sub(&g->inside, 1);
+    }
+    if (pc_gate_leave(&g->gate, me == round % GATE_THREADS)) {
+        atomic_fetch_add(&g->inside_at_retirement, atomic_load(&g->inside));
+        atomic_fetch_add(&g->retirements, 1);
+        atomic_store(&g->retired, true);
+        g->retired_by[me] += 1;
+    }
+}
+
+static void gate_check(void *context, unsigned long round, verdict *v) {
+    gate_context *g = context;
+    (void)round;
+    CHECK(v, atomic_load(&g->retirements) == 1, "%u retirements", atomic_load(&g->retirements));
+    CHECK(v, atomic_load(&g->inside_at_retirement) == 0, "retired with a callback inside");
+    CHECK(v, atomic_load(&g->entered_after) == 0, "a callback got in after the retirement");
+}
+
+static void gate_summary(void *context, unsigned long rounds) {
+    gate_context *g = context;
+    (void)rounds;
+    printf("# retired by each thread:");
+    for (unsigned i = 0; i < GATE_THREADS; i++) {
+        printf(" %lu", g->retired_by[i]);
+    }
+    printf("\n");
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(void) {
@@ -1222,6 +1299,7 @@ int main(void) {
     run_test("inline observation: only outside scopes, on a quiescent outcome", test_inline_begin_end);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
+    run_test("retirement gate: enters, leaves, one retirement", test_gate_in_order);
 
     static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
     const stress_test racing_settlers = {
@@ -1244,6 +1322,13 @@ int main(void) {
         word_prepare, word_play, word_check, word_summary,
     };
     run_stress(&locked_word, &words);
+
+    static gate_context gates;
+    const stress_test retirement_gate = {
+        "retirement gate: one retirement, nobody inside", GATE_THREADS, 20000,
+        gate_prepare, gate_play, gate_check, gate_summary,
+    };
+    run_stress(&retirement_gate, &gates);
 
     printf("%u passed, %u failed\n", tests_passed, tests_failed);
     return tests_failed == 0 ? 0 : 1;
