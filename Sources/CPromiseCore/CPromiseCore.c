@@ -19,9 +19,10 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-/* Fourteen words on 64- and 32-bit targets alike: on 32-bit ones the two nodes' 8-byte
- * alignment falls on even words, so no padding (make test-core-32 builds it so). */
-_Static_assert(sizeof(pc_promise) == 14 * sizeof(void *), "pc_promise is fourteen words");
+/* Fifteen words on 64-bit targets; on 32-bit ones the second node's 8-byte alignment
+ * costs one word of padding before it (make test-core-32 builds it so). */
+_Static_assert(sizeof(pc_promise) == (sizeof(void *) == 8 ? 15 : 16) * sizeof(void *),
+               "pc_promise is fifteen words (sixteen on 32-bit targets)");
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -488,6 +489,15 @@ uintptr_t pc_word_load(const uintptr_t *word) {
      * that go on to use the target lock first anyway; this load only spares the lock
      * when the word is 0 (or is not the target a clearer looks for). */
     return (uintptr_t)AO_load_acquire(PC_WORD(word));
+}
+
+bool pc_word_publish(uintptr_t *word, uintptr_t value) {
+    if ((value & PC_WORD_LOCKED) != 0 || value == 0) {
+        pc_die("pc_word_publish", "value is 0 or has the lock bit", value);
+    }
+    /* release: publishes the target's initialisation to a reader whose acquire
+     * (pc_word_load) sees the value; one CAS from 0 elects the one publisher. */
+    return AO_compare_and_swap_release(PC_WORD(word), (AO_t)0, (AO_t)value) != 0;
 }
 
 void pc_word_store(uintptr_t *word, uintptr_t value) {

@@ -128,10 +128,6 @@ public class AnyPromise: @unchecked Sendable {
         }
     }
 
-    /// The reason of a cancel forwarded through this promise after it had settled; written
-    /// once, by the canceller that set PC_TREE_CANCEL_CLAIMED, before it publishes.
-    @exclusivity(unchecked) final var forwardedCancelReason: (any Error)?
-
     /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
     /// claimed its outcome from a handler, found no cancel to take from its ancestors;
     /// `AncestorCheck.unverified` if it never checked, `.noAncestors` for a root. Written by
@@ -168,6 +164,7 @@ public class AnyPromise: @unchecked Sendable {
         if let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
             HeldMemory.release(followee)
         }
+        releaseRareState()
         destroyFailure()
     }
 

@@ -44,6 +44,19 @@ extension AnyPromise {
     /// Whether observers are queued and not yet handed out (a snapshot, for descriptions).
     final var hasWaitingObservers: Bool { pc_has_waiting_observers(corePointer) }
 
+    /// The number of nodes registered on this pending promise: tests only, and only while
+    /// no other thread registers on it or settles it (it walks nodes another thread may be
+    /// firing and freeing otherwise).
+    final var debugObserverNodeCount: Int {
+        var count = 0
+        var node = UnsafeMutablePointer<pc_node>(bitPattern: UInt(corePointer.pointee.state) & ~UInt(7))
+        while let current = node {
+            count += 1
+            node = current.pointee.next
+        }
+        return count
+    }
+
     /// The claim word, as a hint (confirmed by `claim` before acting on it).
     @inlinable
     final var claimHint: UInt { UInt(pc_claimed(corePointer)) }
@@ -99,6 +112,20 @@ extension AnyPromise {
     final var parentWord: UnsafeMutablePointer<UInt> {
         (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.parent)!)
             .assumingMemoryBound(to: UInt.self)
+    }
+
+    /// The word holding the rare state's address (see `RareState`), 0 until it is made.
+    final var rareStateWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.rare)!)
+            .assumingMemoryBound(to: UInt.self)
+    }
+
+    /// The rare state word (acquire: the object it points at is fully initialised).
+    final var rareStateWordValue: UInt { pc_word_load(rareStateWord) }
+
+    /// Publishes the rare state made by this thread; false if another thread's came first.
+    final func publishRareState(_ address: UInt) -> Bool {
+        pc_word_publish(rareStateWord, address)
     }
 
     /// The word holding the followed promise's address, whose memory this promise holds
@@ -397,6 +424,22 @@ enum ForwardingEpoch {
     static func end() { pc_forwarding_end() }
     /// Read after the claim CAS (acquire).
     static var current: UInt { pc_forwarding_epoch() }
+}
+
+/// Takes a word's spin lock (`pc_word_lock`): cold paths only (a waiter list).
+func lockWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+    pc_word_lock(word)
+}
+
+/// Releases a word's spin lock, storing `value` (`pc_word_unlock`).
+func unlockWord(_ word: UnsafeMutablePointer<UInt>, _ value: UInt) {
+    pc_word_unlock(word, value)
+}
+
+/// Runs `node`'s fire callback with no source after the current firing on this thread
+/// (`pc_defer`); the retain the node carries goes with it.
+func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
+    pc_defer(node)
 }
 
 /// A full memory fence, StoreLoad included (`pc_fence`).

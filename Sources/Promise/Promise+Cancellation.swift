@@ -53,7 +53,7 @@ extension AnyPromise {
             // epoch brackets the bit so that descendants in no registry (a handler already
             // running) see it when they claim (`cancelReasonFromAncestors`).
             ForwardingEpoch.begin()
-            forwardedCancelReason = reason
+            rareState.forwardedCancelReason = reason
             _ = setTreeFlag(TreeFlag.cancelPublished)
             ForwardingEpoch.end()
         }
@@ -65,7 +65,7 @@ extension AnyPromise {
     final var cancelReasonForDescendants: (any Error)? {
         if publishedTag == UInt(PC_CANCELLED) { return failureOrCancellation }
         guard treeFlags & TreeFlag.cancelPublished != 0 else { return nil }
-        return forwardedCancelReason
+        return existingRareState?.forwardedCancelReason
     }
 
     /// Called by a handler's child right after it claimed an outcome (or locked in to

@@ -62,61 +62,42 @@ extension Promise {
     /// Suspends until the promise settles or the awaiting Task is cancelled.
     @usableFromInline
     func awaitOutcome() async -> Result<Value, any Error> {
-        // One allocation: a waiter observing this promise. Its election decides whether
-        // the outcome or the Task's cancellation gets there first (cancelling never
-        // touches the promise), and its countdown resumes the Task once both the decision
-        // is made and the continuation is installed, in whichever order they happen (the
-        // cancellation handler runs first if the Task was cancelled before the await).
+        // One allocation: an entry of the promise's waiter list (see `RareState`). The
+        // list's lock decides whether the outcome or the Task's cancellation gets there
+        // first (cancelling never touches the promise, and a cancelled waiter leaves the
+        // list at once: a promise awaited by many cancelled Tasks keeps none of them),
+        // and a countdown resumes the Task once both the decision is made and the
+        // continuation is installed, in whichever order they happen (the cancellation
+        // handler runs first if the Task was cancelled before the await).
         let waiter = Waiter<Value>()
+        let list = rareState
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 waiter.continuation = continuation
-                waiter.register(on: self)  // fires inline if settled meanwhile
+                if list.add(waiter, on: self) == .promiseSettled {
+                    waiter.decide(self.settledResult.unsafelyUnwrapped)
+                }
                 waiter.arrive()
             }
         } onCancel: {
-            waiter.decide(.failure(CancellationError()))
+            if list.remove(waiter) { waiter.decide(.failure(CancellationError())) }
         }
     }
 }
 
-/// The type-erased part of an `await` on a promise (the core's fire callback cannot be
-/// generic). Its `pc_waiter` is its first stored property: node, election, countdown.
-@usableFromInline
-class WaiterBase: @unchecked Sendable {
-    final var state = pc_waiter(node: pc_node(), decided: 0, remaining: 2)
-
-    final var statePointer: UnsafeMutablePointer<pc_waiter> {
-        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: pc_waiter.self)
-    }
-
-    /// Registers the waiter on `source`, transferring one retain to its node (balanced in
-    /// `waiterFire`; if `source` dies pending, its stand-in fires the node: `breakObservers`).
-    final func register(on source: AnyPromise) {
-        let node = UnsafeMutableRawPointer(statePointer).assumingMemoryBound(to: pc_node.self)  // its first field
-        registerNode(node, firingThrough: waiterFire, holding: self, on: source)
-    }
-
-    /// The awaited promise settled.
-    func sourceSettled(_ source: AnyPromise) {
-        preconditionFailure("WaiterBase is abstract")
-    }
-}
-
-/// One `await p.value` / `await p.result`.
-final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
+/// One `await p.value` / `await p.result`: an entry of the promise's waiter list.
+final class Waiter<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     /// Written once by the awaiting Task, before its `arrive`.
     var continuation: UnsafeContinuation<Result<Value, any Error>, Never>?
-    /// Written once by the decision's winner, before its `arrive`.
+    /// Written once by whoever the list let decide, before its `arrive`.
     var outcome: Result<Value, any Error>?
 
-    override func sourceSettled(_ source: AnyPromise) {
+    override func deliver(from source: AnyPromise) {
         decide(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
     }
 
-    /// The outcome or the cancellation: the first one decides, later ones are dropped.
+    /// The outcome or the cancellation, from the one caller the list let decide.
     func decide(_ result: Result<Value, any Error>) {
-        guard electOnce(&statePointer.pointee.decided) else { return }
         outcome = result
         arrive()
     }
@@ -124,15 +105,7 @@ final class Waiter<Value: Sendable>: WaiterBase, @unchecked Sendable {
     /// One of the two things a resume waits for is done; the second one resumes. The
     /// countdown's full barrier makes the other side's write visible here.
     func arrive() {
-        guard countDownReachesZero(&statePointer.pointee.remaining) else { return }
+        guard countDownReachesZero(arrivalsPointer) else { return }
         continuation.unsafelyUnwrapped.resume(returning: outcome.unsafelyUnwrapped)
     }
-}
-
-/// The fire callback of a waiter's node (never deferred: resuming a Task only enqueues it).
-func waiterFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let waiter = CoreLayout.owner(ofFirstField: node, as: WaiterBase.self)
-    guard let source else { preconditionFailure("waiters are never deferred") }
-    waiter.takeUnretainedValue().sourceSettled(AnyPromise.owner(ofCore: source).takeUnretainedValue())
-    waiter.release()  // the registration's retain
 }

@@ -103,8 +103,9 @@ extension Promise {
     /// let config = Promise.retry(attempts: 3, delay: .milliseconds(10)) { fetchConfig() }
     /// ```
     ///
-    /// Cancelling the result cancels the attempt in flight and starts no other. A
-    /// cancelled attempt is not retried. The run holds only the attempt in flight.
+    /// Cancelling the result cancels the attempt in flight (or the pause between two
+    /// attempts, whose timer then lets go of the run) and starts no other. A cancelled
+    /// attempt is not retried. The run holds only the attempt in flight.
     ///
     /// `attempts` below 1 (a count that came from configuration, say) calls `body` never
     /// and returns a promise rejected with `PromiseError.invalidArgument`, which names it.
@@ -146,7 +147,11 @@ extension Promise {
                         } else if delay <= .zero {
                             attempt(number + 1)
                         } else {
-                            Promise<Void>.after(delay).whenComplete(on: .immediate) { _ in attempt(number + 1) }
+                            // The pause is the step in flight: cancelling the output
+                            // cancels its timer, which lets go of the run at once.
+                            let pause = Promise<Void>.after(delay)
+                            inFlight.start(pause)
+                            pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
                         }
                     }
                 }

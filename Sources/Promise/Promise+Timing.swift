@@ -113,10 +113,23 @@ extension Promise {
     /// let page = fetch(url).timeout(.seconds(2))
     /// page.catch { if case PromiseError.timedOut = $0 { showSlowNetworkHint() } }
     /// ```
+    ///
+    /// The child waits in this promise's waiter list, not in its observers: once the child
+    /// has settled (the timer fired, or anyone settled it), it leaves the list at once, so
+    /// a long-lived pending promise timed out again and again keeps none of the children.
     public func timeout(_ interval: Duration) -> Promise<Value> {
-        let child = map(on: .immediate) { $0 }
+        let child = Promise(linkedTo: self)
+        let follower = TimeoutFollower(child: child)
+        let list = rareState
+        guard list.add(follower, on: self) == .listed else {
+            child.adoptOutcome(of: self)  // settled already: the child is too
+            return child
+        }
         let timer = PromiseTimer(after: interval) { child.reject(PromiseError.timedOut) }
-        child.whenComplete(on: .immediate) { _ in timer.cancel() }
+        child.whenComplete(on: .immediate) { _ in
+            timer.cancel()
+            _ = list.remove(follower)
+        }
         return child
     }
 }

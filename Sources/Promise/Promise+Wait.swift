@@ -27,11 +27,18 @@ extension Promise {
         try awaitResult(deadline: timeout.dispatchDeadline).get()
     }
 
+    /// Cold path (documented above): an entry of the promise's waiter list (see
+    /// `RareState`), which a wait that timed out leaves at once, so polling a long-lived
+    /// pending promise runs in constant memory.
     private func awaitResult(deadline: DispatchTime) throws -> Result<Value, any Error> {
         if let settled = settledResult { return settled }
-        let signal = DispatchSemaphore(value: 0)  // cold path: documented above
-        CompletionObserver<Value> { _ in signal.signal() }.register(on: self)
-        guard signal.wait(timeout: deadline) == .success else { throw PromiseError.timedOut }
-        return settledResult.unsafelyUnwrapped
+        let waiter = BlockingWaiter<Value>()
+        let list = rareState
+        guard list.add(waiter, on: self) == .listed else { return settledResult.unsafelyUnwrapped }
+        if waiter.signal.wait(timeout: deadline) == .timedOut {
+            if list.remove(waiter) { throw PromiseError.timedOut }
+            waiter.signal.wait()  // the outcome came first: its signal is on its way
+        }
+        return waiter.result.unsafelyUnwrapped
     }
 }

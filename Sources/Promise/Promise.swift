@@ -99,6 +99,21 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         observe(parent, as: .continuation)
     }
 
+    /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:
+    /// the caller settles it (`timeout`, through the parent's waiter list).
+    init(linkedTo parent: __shared AnyPromise) {
+        super.init(parent: Unmanaged.passUnretained(parent))
+    }
+
+    /// Settles this promise, if still free, as `source` (of the same `Value`, or the
+    /// broken stand-in of a promise that died pending) settled.
+    final func adoptOutcome(of source: AnyPromise) {
+        let tag = source.publishedTag
+        guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return }
+        copyOutcome(from: source, tag: tag)
+        publishClaimedOutcome()
+    }
+
     private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
         slot.initialize(to: .some(continuation))
     }

@@ -57,7 +57,7 @@ enum CoreLayout {
     static var headerSize: Int { 2 * MemoryLayout<UnsafeRawPointer>.size }
 
     /// The object whose first stored property is `node` (an `ObserverBox`, a
-    /// `WaiterBase`), not retained.
+    /// `RareState`), not retained.
     @inlinable
     static func owner<Object: AnyObject>(ofFirstField node: UnsafeMutablePointer<pc_node>, as type: Object.Type) -> Unmanaged<Object> {
         Unmanaged.fromOpaque(UnsafeRawPointer(node) - headerSize)

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Promise
 import XCTest
+@testable import Promise
 
 private struct Reason: Error, Equatable { let tag: Int }
 
@@ -151,6 +152,91 @@ final class LifetimeModelTests: XCTestCase {
         }
         XCTAssertEqual(tracker.alive, 0)
         pending.cancel()
+    }
+
+    // MARK: Waiters that gave up leave nothing behind
+
+    /// Polling a long-lived pending promise runs in constant memory: each
+    /// `wait(timeout:)` that timed out leaves the promise, and its one registration (the
+    /// waiter list's node) serves every later wait.
+    func testWaitTimeoutPollsLeaveNothingOnALongLivedPromise() {
+        let pending = Promise<Int>()
+        for _ in 0..<20_000 { XCTAssertThrowsError(try pending.wait(timeout: .zero)) }
+        XCTAssertEqual(pending.existingRareState?.waitingCount, 0, "timed-out waits stay listed")
+        XCTAssertEqual(pending.debugObserverNodeCount, 1, "one node for the whole list")
+        pending.fulfill(1)
+        XCTAssertEqual(try pending.wait(timeout: .seconds(10)), 1)
+    }
+
+    /// Awaiting Tasks that were cancelled leave the promise they awaited.
+    func testCancelledAwaitsLeaveNothingOnALongLivedPromise() async {
+        let pending = Promise<Int>()
+        func cancelledAwaits(_ count: Int) async {
+            let tasks = (0..<count).map { _ in Task { try await pending.value } }
+            for task in tasks { task.cancel() }
+            for task in tasks {
+                do {
+                    _ = try await task.value
+                    XCTFail("a cancelled await returned a value")
+                } catch {
+                    XCTAssertTrue(error is CancellationError)
+                }
+            }
+        }
+        for _ in 0..<20 { await cancelledAwaits(1_000) }
+        XCTAssertEqual(pending.existingRareState?.waitingCount, 0, "cancelled awaits stay listed")
+        XCTAssertEqual(pending.debugObserverNodeCount, 1, "one node for the whole list")
+        XCTAssertTrue(pending.isPending, "cancelling a waiter never touches the promise")
+        pending.fulfill(3)
+        let value = try? await pending.value
+        XCTAssertEqual(value, 3)
+    }
+
+    /// A `timeout` child whose timer fired is freed while its receiver stays pending.
+    func testTimedOutChildIsFreedWhileItsReceiverIsPending() {
+        let receiver = Promise<Int>()
+        weak var weakChild: Promise<Int>?
+        do {
+            let child = receiver.timeout(.milliseconds(1))
+            weakChild = child
+            XCTAssertThrowsError(try child.wait(timeout: .seconds(10))) {
+                guard case PromiseError.timedOut? = $0 as? PromiseError else { return XCTFail("\($0)") }
+            }
+        }
+        XCTAssertTrue(eventually { weakChild == nil }, "the receiver keeps its timed-out child")
+        receiver.fulfill(1)
+    }
+
+    /// A `timeout` child still follows its receiver's outcome, cancel included.
+    func testTimeoutChildTakesItsReceiversOutcome() {
+        let fulfilled = Promise<Int>(), rejected = Promise<Int>(), cancelled = Promise<Int>()
+        let a = fulfilled.timeout(.seconds(30)), b = rejected.timeout(.seconds(30)), c = cancelled.timeout(.seconds(30))
+        XCTAssertTrue(a.parent === fulfilled)
+        fulfilled.fulfill(4)
+        rejected.reject(Reason(tag: 8))
+        cancelled.cancel(reason: Reason(tag: 9))
+        XCTAssertEqual(try a.wait(timeout: .seconds(10)), 4)
+        XCTAssertThrowsError(try b.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Reason, Reason(tag: 8)) }
+        XCTAssertTrue(c.isCancelled)
+        XCTAssertEqual(try Promise(value: 5).timeout(.seconds(30)).wait(timeout: .seconds(10)), 5)
+    }
+
+    /// Cancelling a `retry` while it pauses between attempts lets go of the run at once,
+    /// not at the end of the pause.
+    func testCancelledRetryLetsGoOfItsRunDuringThePause() {
+        let tracker = LifeTracker()
+        let calls = Counter()
+        let output: Promise<Int> = {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            return Promise.retry(attempts: 3, delay: .seconds(60)) {
+                calls.increment()
+                return Promise(error: Reason(tag: captured.bytes.count))
+            }
+        }()
+        XCTAssertTrue(eventually { calls.value == 1 }, "the first attempt ran")
+        XCTAssertEqual(tracker.alive, 1)
+        output.cancel()
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "the cancelled retry's timer keeps its body")
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * pc_overlay.h: small lock-free helpers the Swift overlay needs besides the promise
  * itself: a countdown and a one-shot election (combinators, `await`), a full fence (cycle
- * detection), the waiter struct, and locked words (a reference that never dangles).
+ * detection), an aggregate's retirement gate, and locked words (a reference that never
+ * dangles; their lock also guards a promise's waiter list).
  *
  *   function        caller                           progress
  *   pc_count_down   any thread                       wait-free (one fetch-and-sub)
@@ -11,6 +12,7 @@
  *   pc_fence        any thread                       wait-free (one fence)
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
+ *   pc_word_publish any thread                       wait-free (one CAS)
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
  *   pc_word_store,
  *   pc_word_unlock
@@ -74,19 +76,6 @@ bool pc_gate_leave(uintptr_t *_Nonnull gate, bool request);
 void pc_fence(void);
 
 /*
- * The state of one `await` on a promise: an observer node plus an election (`decided`,
- * pc_once) between the outcome and the Task's cancellation, and a countdown from 2
- * (`remaining`, pc_count_down) that the decision and the installed continuation both
- * lower; whoever reaches zero resumes the awaiting Task. Zero-initialised except
- * `remaining`, which starts at 2.
- */
-typedef struct pc_waiter {
-    pc_node node;
-    uintptr_t decided;
-    uintptr_t remaining;
-} pc_waiter;
-
-/*
  * Locked words: a reference that does not keep its target alive and never dangles.
  *
  * The word holds a pointer to an object (or 0) and, in bit 0 (PC_WORD_LOCKED), a spin
@@ -114,6 +103,14 @@ typedef struct pc_waiter {
 
 /* The word, lock bit included (acquire: a target seen here was fully initialised). */
 uintptr_t pc_word_load(const uintptr_t *_Nonnull word);
+
+/*
+ * Moves a word from 0 to `value` (not 0, lock bit clear) in one CAS; true for the one
+ * caller that did. For a target made on first use by whichever thread needs it first
+ * (the overlay's rare state): the losers drop theirs and load the winner's. Release:
+ * publishes the target's initialisation to a reader that later loads the value.
+ */
+bool pc_word_publish(uintptr_t *_Nonnull word, uintptr_t value);
 
 /*
  * Stores `value` (lock bit clear) where no thread can hold the lock (release: publishes

@@ -136,6 +136,10 @@ struct pc_promise {
     uintptr_t followee;   /* atomic, never touched here: the overlay's link to the promise
                              this one follows, whose memory it holds; bit 1 says whether a
                              cancel is forwarded to it */
+    uintptr_t rare;       /* atomic, never touched here: the overlay's side object for the
+                             state few promises need (a forwarded cancel's reason, the list
+                             of waiters that may give up), made on first use and published
+                             once with pc_word_publish */
     pc_node spare_node; /* a node for the overlay's first `whenComplete` on a root, so
                                that observer needs no allocation (NIO's CallbackList keeps
                                its first callback inline too); its user is elected with

@@ -1,0 +1,230 @@
+import CPromiseCore
+import Dispatch
+
+// The rare state of a promise: what few promises need, in a side object made on first use
+// and reached through one word of the promise (`rareStateWord`), so that the others pay a
+// word for it, not its size. Today it holds the reason of a cancel forwarded through a
+// settled promise, and the list of waiters that may give up.
+//
+// Waiters that may give up (a `wait(timeout:)`, an `await` whose Task may be cancelled, a
+// `timeout` child whose timer may fire first) are not nodes of the promise's lock-free
+// observer stack: a node stays there until the promise settles, so a waiter that gave up
+// would stay too, and polling a long-lived pending promise would grow without bound. They
+// are entries of a doubly linked list instead, which registers one node on the promise,
+// once, for all of them. An entry that gives up unlinks itself, in O(1), and leaves
+// nothing behind. The list has a lock (a spin lock in one word, `pc_word_lock`, whose
+// holders run a handful of instructions): waiting is the one cold path where a lock is
+// acceptable. Registering `then`, `whenComplete` and the combinators never touches it.
+
+/// An entry of a promise's waiter list. Every field is guarded by the list's lock.
+class WaiterEntry: @unchecked Sendable {
+    /// Where an entry is: not yet in a list, in one, or finished (delivered, or gave up).
+    enum Place { case fresh, listed, finished }
+
+    // First stored property (the class has no superclass), so its address is known: a
+    // countdown from 2 for entries that resume only once two things happened (`Waiter`).
+    // Not guarded by the lock: lowered with `pc_count_down`.
+    private final var arrivals: UInt = 2
+    final var arrivalsPointer: UnsafeMutablePointer<UInt> {
+        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
+    }
+
+    fileprivate final var place = Place.fresh
+    fileprivate final var next: WaiterEntry?
+    fileprivate final unowned(unsafe) var previous: WaiterEntry?
+
+    /// The promise settled (or died pending: `source` is then its broken stand-in).
+    /// Called once, outside the lock, in registration order with the list's other entries.
+    func deliver(from source: AnyPromise) {
+        preconditionFailure("WaiterEntry is abstract")
+    }
+}
+
+/// A blocking `wait` (see `Promise.wait(timeout:)`): a semaphore the outcome signals.
+final class BlockingWaiter<Value: Sendable>: WaiterEntry, @unchecked Sendable {
+    let signal = DispatchSemaphore(value: 0)
+    /// Written by `deliver` before it signals; read after the wait returned.
+    var result: Result<Value, any Error>?
+
+    override func deliver(from source: AnyPromise) {
+        result = unsafeDowncast(source, to: Promise<Value>.self).publishedResult
+        signal.signal()
+    }
+}
+
+/// A `timeout` child while its receiver is pending: settles the child as the receiver
+/// settles, unless the timer (or anyone) settled the child first; then the entry has
+/// left the receiver's list, and the child is no longer kept by it.
+final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
+    let child: Promise<Value>
+
+    init(child: Promise<Value>) {
+        self.child = child
+    }
+
+    override func deliver(from source: AnyPromise) {
+        child.adoptOutcome(of: source)
+    }
+}
+
+/// What `RareState.add` did with an entry.
+enum WaiterAddition {
+    /// Listed: `deliver` comes when the promise settles, unless the entry gives up first.
+    case listed
+    /// The promise had settled and the list fired: the caller reads the outcome itself.
+    case promiseSettled
+    /// The entry gave up (`remove`) before it was added: nothing to wait for.
+    case gaveUpAlready
+}
+
+final class RareState: @unchecked Sendable {
+    // First stored property, so that its address is known without a lookup: the list's
+    // node, registered on the promise once, and the list's lock (a `pc_word_lock` word
+    // whose value stays 0). A tuple keeps them in this order.
+    private final var header: (node: pc_node, lock: UInt) = (pc_node(), 0)
+    /// The promise that settled, retained while the deferred node waits to run.
+    private var sourceRetain: Unmanaged<AnyPromise>?
+    /// The reason of a cancel forwarded through the promise after it had settled: written
+    /// once, by the canceller that set PC_TREE_CANCEL_CLAIMED, before it sets
+    /// PC_TREE_CANCEL_PUBLISHED (which publishes it).
+    final var forwardedCancelReason: (any Error)?
+    private var head: WaiterEntry?
+    private unowned(unsafe) var tail: WaiterEntry?
+    private var nodeRegistered = false
+    private var fired = false
+
+    private func withLock<T>(_ body: () -> T) -> T {
+        let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<(node: pc_node, lock: UInt)>.offset(of: \.lock)!)
+            .assumingMemoryBound(to: UInt.self)
+        _ = lockWord(word)
+        defer { unlockWord(word, 0) }
+        return body()
+    }
+
+    /// Appends `entry`, and registers the list's node on `promise` the first time.
+    func add(_ entry: WaiterEntry, on promise: AnyPromise) -> WaiterAddition {
+        var register = false
+        let addition: WaiterAddition = withLock {
+            switch entry.place {
+            case .finished: return .gaveUpAlready
+            case .listed: preconditionFailure("a waiter entry was added twice")
+            case .fresh: break
+            }
+            if fired {
+                entry.place = .finished  // a later `remove` finds nothing to give up
+                return .promiseSettled
+            }
+            entry.place = .listed
+            entry.previous = tail
+            if let tail { tail.next = entry } else { head = entry }
+            tail = entry
+            register = !nodeRegistered
+            nodeRegistered = true
+            return .listed
+        }
+        // Outside the lock: on a settled promise the node fires at once, and takes it.
+        if register { registerNode(nodePointer, firingThrough: rareStateFire, holding: self, on: promise) }
+        return addition
+    }
+
+    /// Takes `entry` out: true if it was still waiting (listed, or not yet added), so the
+    /// caller delivers its give-up; false if the promise's outcome got there first.
+    func remove(_ entry: WaiterEntry) -> Bool {
+        withLock {
+            switch entry.place {
+            case .finished:
+                return false
+            case .fresh:
+                entry.place = .finished
+                return true
+            case .listed:
+                entry.place = .finished
+                if let previous = entry.previous { previous.next = entry.next } else { head = entry.next }
+                if let next = entry.next { next.previous = entry.previous } else { tail = entry.previous }
+                entry.next = nil
+                entry.previous = nil
+                return true
+            }
+        }
+    }
+
+    /// The entries waiting now (for tests and descriptions; takes the lock).
+    var waitingCount: Int {
+        withLock {
+            var count = 0
+            var entry = head
+            while let current = entry {
+                count += 1
+                entry = current.next
+            }
+            return count
+        }
+    }
+
+    /// The promise settled: every listed entry gets its outcome, in registration order.
+    fileprivate func deliverAll(from source: AnyPromise) {
+        var entry: WaiterEntry? = withLock {
+            fired = true
+            let taken = head
+            head = nil
+            tail = nil
+            var current = taken
+            while let listed = current {
+                listed.place = .finished
+                current = listed.next
+            }
+            return taken
+        }
+        while let current = entry {
+            entry = current.next
+            current.next = nil
+            current.deliver(from: source)
+        }
+    }
+
+    final var nodePointer: UnsafeMutablePointer<pc_node> {
+        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: pc_node.self)
+    }
+
+    /// The fire callback of the list's node: deferred to the trampoline (delivering may
+    /// settle promises, whose own observers must not nest), then run.
+    fileprivate static func fire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+        let state = CoreLayout.owner(ofFirstField: node, as: RareState.self)
+        if let source {
+            state._withUnsafeGuaranteedRef { $0.sourceRetain = AnyPromise.owner(ofCore: source).retain() }
+            deferNode(node)  // the node's retain goes with it
+            return
+        }
+        let rare = state.takeRetainedValue()
+        let settled = rare.sourceRetain.take().unsafelyUnwrapped.takeRetainedValue()
+        rare.deliverAll(from: settled)
+    }
+}
+
+/// The fire callback of a `RareState`'s node (see `RareState.fire`).
+func rareStateFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    RareState.fire(node, source)
+}
+
+extension AnyPromise {
+    /// The promise's rare state, made on first use (see `RareState`).
+    final var rareState: RareState {
+        if let existing = existingRareState { return existing }
+        let made = RareState()
+        let address = UInt(bitPattern: Unmanaged.passRetained(made).toOpaque())  // the word's retain
+        if publishRareState(address) { return made }
+        Unmanaged<RareState>.fromOpaque(UnsafeRawPointer(bitPattern: address).unsafelyUnwrapped).release()
+        return existingRareState.unsafelyUnwrapped  // another thread's came first
+    }
+
+    /// The rare state if it was made (acquire: its initialisation is visible).
+    final var existingRareState: RareState? {
+        UnsafeRawPointer(bitPattern: rareStateWordValue).map { Unmanaged<RareState>.fromOpaque($0).takeUnretainedValue() }
+    }
+
+    /// Releases the word's retain of the rare state (deinit only).
+    final func releaseRareState() {
+        guard let address = UnsafeRawPointer(bitPattern: rareStateWord.pointee) else { return }
+        Unmanaged<RareState>.fromOpaque(address).release()
+    }
+}
