@@ -21,6 +21,8 @@
  *   -DCYCLE         promises locking in to follow each other at the same time, and the
  *                   cycle check (a link store, a full fence, a walk of the links) that
  *                   keeps a ring of them from waiting for ever (-DNRING sizes it).
+ *   -DGATE          an aggregate's retirement gate (pc_gate_enter / pc_gate_leave): slot
+ *                   callbacks racing the one that finds the output settled.
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -41,6 +43,12 @@
  *   -DCYCLE -DBROKEN_NO_FENCE
  *                          the cycle check's walk reads the ring before the promise's own
  *                          link store is visible (no fence between them).
+ *   -DCYCLE -DBROKEN_CHECK_FIRST
+ *                          the cycle check reads its own observers before registering on
+ *                          the promise it follows.
+ *   -DGATE -DBROKEN_GATE_IGNORES_INSIDE
+ *                          the retirement gate retires on a request whatever the number of
+ *                          callbacks inside.
  *   -DHOLDS -DBROKEN_BOTTOM_UP
  *                          addHold makes a promise's first hold visible before its parent
  *                          counts one for it (the order this session's first version used).
@@ -74,7 +82,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -897,17 +905,25 @@ init {
  *
  * A ring of NRING promises; Linker(i) makes promise i follow promise i+1 (mod NRING), all
  * at once: pc_claim(FREE -> FOLLOWING), then the followee link is stored and pc_fence
- * runs, then the walk: from the promise to follow, while it is FOLLOWING with a recorded
- * link, step to its followee; meeting itself, the linker rejects its promise
- * (pc_claim(FOLLOWING -> REJECTED)), which the ring's followers then adopt through the
- * observer protocol (model 1).
+ * runs, then it registers on promise i+1 (its observer stack is no longer empty), then
+ * (closesACycle, after another pc_fence) only if its own promise has observers, the walk:
+ * from the promise to follow, while it is FOLLOWING with a recorded link, step to its
+ * followee; meeting itself, the linker rejects its promise (pc_claim(FOLLOWING ->
+ * REJECTED)), which the ring's followers then adopt through the observer protocol
+ * (model 1). Nobody waits on a promise without registering on it, so a promise without
+ * observers closes no cycle and skips the walk (what makes follow chains built
+ * inner-first linear).
  *
  * Property: when every linker is done, some promise of the ring is rejected: the ring
  * can never end with every promise following and none settled.
  *
- * Broken variant (must FAIL):
- *   -DBROKEN_NO_FENCE  the walk's loads are satisfied before the link store is visible
- *                      (what StoreLoad reordering allows without pc_fence)
+ * Broken variants (must FAIL):
+ *   -DBROKEN_NO_FENCE     the walk's loads (and the observer check) are satisfied before
+ *                         the link store and the registration are visible (what StoreLoad
+ *                         reordering allows without pc_fence)
+ *   -DBROKEN_CHECK_FIRST  the linker reads its own observers before it registers on the
+ *                         promise it follows (the order that would skip the walk on both
+ *                         sides of a ring closing at once)
  * ====================================================================================== */
 
 #ifndef NRING
@@ -916,6 +932,7 @@ init {
 
 byte rclaim[NRING];       /* each promise's claim word */
 byte rlink[NRING];        /* its followee link: 0 = none, else followee + 1 */
+bit  robserved[NRING];    /* someone registered on it: its observer stack is not empty */
 
 inline walk_ring(start) {
     cur = start;
@@ -934,12 +951,27 @@ proctype Linker(byte me) {
     bool cycle = false;
     target = (me + 1) % NRING;
     d_step { rclaim[me] == FREE -> rclaim[me] = FOLLOWING };    /* pc_claim(FREE -> FOLLOWING) */
-#ifdef BROKEN_NO_FENCE
-    walk_ring(target);                                           /* reads first... */
-    rlink[me] = target + 1;                                      /* ...the store lands late */
+#if defined(BROKEN_NO_FENCE)
+    if                                                           /* reads first... */
+    :: robserved[me] -> walk_ring(target)
+    :: else
+    fi;
+    rlink[me] = target + 1;                                      /* ...the stores land late */
+    robserved[target] = 1;
+#elif defined(BROKEN_CHECK_FIRST)
+    rlink[me] = target + 1;                                      /* recordFollowee: store, pc_fence */
+    if                                                           /* its observers, read */
+    :: robserved[me] -> walk_ring(target)                        /* before it registers */
+    :: else
+    fi;
+    robserved[target] = 1;
 #else
     rlink[me] = target + 1;                                      /* recordFollowee: store, pc_fence */
-    walk_ring(target);                                           /* wouldWaitOnItself */
+    robserved[target] = 1;                                       /* registers on target (pc_observe) */
+    if                                                           /* closesACycle: pc_fence, then */
+    :: robserved[me] -> walk_ring(target)                        /* only a promise others wait on */
+    :: else                                                      /* walks (wouldWaitOnItself) */
+    fi;
 #endif
     if
     :: cycle ->
@@ -949,7 +981,7 @@ proctype Linker(byte me) {
             :: else
             fi
         }
-    :: else                                                      /* registers on target */
+    :: else
     fi
 }
 
@@ -1066,5 +1098,100 @@ init {
     timeout;
     assert(holds[0] == 0 && holds[1] == 0 && holds[3] == 0);
     assert(strong[1] == 0 && strong[2] == 0)
+}
+#endif
+
+#ifdef GATE
+/* ======================================================================================
+ * Model 6 (-DGATE): an aggregate's retirement gate (pc_gate_enter, pc_gate_leave), as
+ * Aggregator.slotFired drives it. NCB slot callbacks run at once; each enters (one
+ * fetch-and-add), and if let in, stores its input in its slot (kept[i]) and runs the
+ * policy; callback 0's policy settles the output, so it leaves with a request; the others
+ * leave without one, unless they saw the output settled (they may: it is settled from
+ * callback 0's policy on). The leaver the gate elects retires: it drops every kept input
+ * and the output.
+ *
+ * The word as in the C code: bit 0 REQUESTED, bit 1 RETIRED, the rest counts callbacks
+ * inside (ACTIVE_ONE = 4). Each d_step is one atomic operation (the C code's CAS loop in
+ * pc_gate_leave is one atomic step when it succeeds).
+ *
+ * Properties: exactly one retirement; none while a callback is inside; no callback let in
+ * after it (so nothing is kept after the retirement, and nothing the retirer drops is
+ * still in use).
+ *
+ * Broken variant (must FAIL): -DBROKEN_GATE_IGNORES_INSIDE, the leaver retires on a request
+ * whatever the count.
+ * ====================================================================================== */
+
+#ifndef NCB
+#define NCB 3
+#endif
+#define G_REQUESTED 1
+#define G_RETIRED   2
+#define G_ONE       4
+
+byte gate;
+byte inside;
+byte retirements;
+bit  outputSettled;
+bit  retiredFlag;
+bit  keptAfter;
+
+proctype Callback(byte me) {
+    bool admitted, request, retire;
+    d_step {                                          /* pc_gate_enter */
+        admitted = (gate & G_RETIRED) == 0;
+        gate = gate + G_ONE
+    };
+    if
+    :: admitted ->
+        d_step { inside++; if :: retiredFlag -> keptAfter = 1 :: else fi };   /* slot kept */
+        if
+        :: me == 0 -> outputSettled = 1               /* the policy settles the output */
+        :: else
+        fi;
+        request = outputSettled;                      /* keptOutput.isPending == false */
+        d_step { inside-- }
+    :: else -> request = false
+    fi;
+    d_step {                                          /* pc_gate_leave */
+        gate = gate - G_ONE;
+        if
+        :: request -> gate = gate | G_REQUESTED
+        :: else
+        fi;
+#ifdef BROKEN_GATE_IGNORES_INSIDE
+        retire = (gate & G_REQUESTED) != 0 && (gate & G_RETIRED) == 0;
+#else
+        retire = gate == G_REQUESTED;                 /* nobody inside, asked, not retired */
+#endif
+        if
+        :: retire -> gate = gate | G_RETIRED
+        :: else
+        fi
+    };
+    if
+    :: retire ->
+        d_step {                                      /* Aggregator.retire */
+            assert(inside == 0);
+            retirements++;
+            retiredFlag = 1
+        }
+    :: else
+    fi
+}
+
+init {
+    byte i;
+    atomic {
+        i = 0;
+        do
+        :: i < NCB -> run Callback(i); i++
+        :: else -> break
+        od
+    }
+    timeout;
+    assert(retirements == 1);
+    assert(!keptAfter)
 }
 #endif

@@ -72,6 +72,7 @@ $(eval $(call verify_run,epoch-cancel-parent-safety,pass,-DEPOCH -DCANCEL_P,$(PA
 # Promises locking in to follow each other at once: rings of 2 and 3, the cycle check.
 $(eval $(call verify_run,cycle-ring2-safety,pass,-DCYCLE -DNRING=2,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,cycle-ring3-safety,pass,-DCYCLE -DNRING=3,$(PAN_SAFETY),-m100000))
+$(eval $(call verify_run,gate-safety,pass,-DGATE -DNCB=3,$(PAN_SAFETY),-m100000))
 
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
@@ -84,6 +85,8 @@ $(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKE
 $(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGIN,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cycle-no-fence,fail,-DCYCLE -DNRING=2 -DBROKEN_NO_FENCE,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-cycle-check-first,fail,-DCYCLE -DNRING=2 -DBROKEN_CHECK_FIRST,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-gate-ignores-inside,fail,-DGATE -DNCB=3 -DBROKEN_GATE_IGNORES_INSIDE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
