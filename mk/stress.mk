@@ -18,7 +18,7 @@
 # (.build-tsan, .build-asan) so they never clobber the normal build. Every run prints a
 # summary: rounds per test, the invariants checked, what the races hit.
 
-STRESS_ITERATIONS ?= 50000
+STRESS_ITERATIONS ?= 100000
 STRESS_SECONDS    ?= 60
 SAN_ITERATIONS    ?= 2000
 SAN_SECONDS       ?= 5

@@ -31,8 +31,9 @@ extension Promise {
     /// ```
     ///
     /// Cancelling the awaiting Task cancels only this waiter, which then throws
-    /// `CancellationError`: the promise and its other observers are untouched. An already
-    /// settled promise returns without suspending.
+    /// `CancellationError` and leaves the promise at once (a long-lived promise awaited by
+    /// many cancelled Tasks keeps none of them): the promise and its other observers are
+    /// untouched. An already settled promise returns without suspending.
     @inlinable
     public var value: Value {
         get async throws {

@@ -5,7 +5,10 @@
 //     held queue: the leaf ends cancelled with the canceller's reason, always;
 //   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
 //     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
-//     or cancelled with the canceller's reason, never with the followed promise's value.
+//     or cancelled with the canceller's reason, never with the followed promise's value;
+//   - waiters giving up (a `wait(timeout:)`, a `timeout` child whose timer fires) racing the
+//     settle they wait for: each gets the value or its time-out, never both or neither,
+//     and a timeout child that nobody holds is freed.
 import Dispatch
 import Foundation
 import Promise
@@ -50,6 +53,66 @@ final class LifetimeModelStressTests: XCTestCase {
                 checker.check(error as? Reason == Reason(round: round), "the leaf was cancelled with \(error)")
             }
             _ = try? recovered.wait(timeout: .seconds(20))
+            return true
+        }
+    }
+
+    func testWaitersGivingUpRaceTheSettle() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var waitsTimedOut = 0, childrenTimedOut = 0
+
+        runStressRounds("wait(timeout:) and timeout children giving up while the promise settles", invariants: [
+            "a wait returns the value or throws timedOut",
+            "a timeout child ends fulfilled with the value or rejected with timedOut",
+            "a timeout child nobody holds is freed once settled",
+        ], details: {
+            "\(waitsTimedOut) waits and \(childrenTimedOut) children timed out"
+        }) { checker in
+            let round = checker.round
+            let promise = Promise<Int>()
+            let waitOutcome = Locked<Result<Int, any Error>?>(nil)
+            let childOutcome = Locked<Result<Int, any Error>?>(nil)
+            let childAlive = Locked<() -> Bool>({ true })
+
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                switch seat {
+                case 0:
+                    spin(random.below(60_000))  // the settle lands before, during or after the waits
+                    promise.fulfill(round)
+                case 1:
+                    let limit: Duration = random.below(2) == 0 ? .zero : .microseconds(Int64(random.below(50)))
+                    let result = Result { try promise.wait(timeout: limit) }
+                    waitOutcome.withLock { $0 = result }
+                default:
+                    let limit: Duration = random.below(2) == 0 ? .zero : .microseconds(Int64(random.below(50)))
+                    let child = promise.timeout(limit)
+                    weak let reference = child
+                    childAlive.withLock { $0 = { reference != nil } }
+                    let result = Result { try child.wait(timeout: .seconds(20)) }
+                    childOutcome.withLock { $0 = result }
+                }
+            }
+            checker.check(finished, "round hung")
+            for (what, outcome) in [("wait", waitOutcome.withLock { $0 }), ("child", childOutcome.withLock { $0 })] {
+                switch outcome {
+                case .success(let value)?:
+                    checker.check(value == round, "the \(what) got \(value)")
+                case .failure(let error)?:
+                    guard case PromiseError.timedOut? = error as? PromiseError else {
+                        checker.fail("the \(what) failed with \(error)")
+                        continue
+                    }
+                    if what == "wait" { waitsTimedOut += 1 } else { childrenTimedOut += 1 }
+                case nil:
+                    checker.fail("the \(what) never returned")
+                }
+            }
+            let deadline = Date(timeIntervalSinceNow: 5)
+            while childAlive.withLock({ $0() }) && Date() < deadline { usleep(50) }
+            checker.check(!childAlive.withLock({ $0() }), "a settled timeout child nobody holds is alive")
             return true
         }
     }
