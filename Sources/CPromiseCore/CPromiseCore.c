@@ -45,6 +45,8 @@ static _Thread_local struct {
     pc_node *tail;
     pc_node *late; /* pc_defer_late's stack, run once the FIFO is empty */
     unsigned depth;
+    const pc_promise *watched; /* pc_cascade_watch's promise, and whether it fired */
+    bool watched_fired;        /* an .immediate child on this thread */
 } pc_trampoline;
 
 static void pc_drain(void) {
@@ -103,6 +105,26 @@ bool pc_defer_late(pc_node *node) {
     node->next = pc_trampoline.late;
     pc_trampoline.late = node;
     return true;
+}
+
+const pc_promise *pc_cascade_watch(const pc_promise *promise) {
+    const pc_promise *previous = pc_trampoline.watched;
+    pc_trampoline.watched = promise;
+    pc_trampoline.watched_fired = false;
+    return previous;
+}
+
+void pc_cascade_fired_inline(const pc_promise *source) {
+    if (source == pc_trampoline.watched) {
+        pc_trampoline.watched_fired = true;
+    }
+}
+
+bool pc_cascade_watch_end(const pc_promise *previous) {
+    bool fired = pc_trampoline.watched_fired;
+    pc_trampoline.watched = previous;
+    pc_trampoline.watched_fired = false;
+    return fired;
 }
 
 uintptr_t pc_inline_begin(const pc_promise *promise) {

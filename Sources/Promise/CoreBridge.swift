@@ -57,6 +57,27 @@ extension AnyPromise {
         return count
     }
 
+    /// Starts watching whether this promise, settled by the handler this thread runs
+    /// next, fires `.immediate` children; returns the watch to restore
+    /// (`pc_cascade_watch`).
+    @inlinable
+    final func watchCascade() -> UnsafePointer<pc_promise>? {
+        pc_cascade_watch(corePointer)
+    }
+
+    /// Whether the watched promise fired an `.immediate` child on this thread; restores
+    /// `previous` (`pc_cascade_watch_end`).
+    @inlinable
+    static func endCascadeWatch(_ previous: UnsafePointer<pc_promise>?) -> Bool {
+        pc_cascade_watch_end(previous)
+    }
+
+    /// Tells the watch that this promise fired an `.immediate` child on this thread.
+    @inlinable
+    final func noteInlineChildFired() {
+        pc_cascade_fired_inline(corePointer)
+    }
+
     /// The claim word, as a hint (confirmed by `claim` before acting on it).
     @inlinable
     final var claimHint: UInt { UInt(pc_claimed(corePointer)) }

@@ -51,6 +51,9 @@ extension AnyPromise {
             // Held until the handler is done (see `settledParentRetain`).
             settledParentRetain = Unmanaged.passRetained(source)
             if context.isImmediate {
+                // Its handler runs later in this cascade, and may look up through the
+                // source's parent (see `keepParentUntilCascadeEnds`).
+                source.noteInlineChildFired()
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
             }
@@ -134,11 +137,19 @@ extension AnyPromise {
     /// Runs the continuation with the parent that `settledParentRetain` holds, then drops
     /// that hold: a settled child keeps nothing above it. Only for the thread the firing
     /// handed the child to (its context, or the settling thread's trampoline).
+    ///
+    /// Inside a cascade the parent is kept until the cascade ends only if the handler's
+    /// publish fired `.immediate` children on this thread (the cascade watch): they run
+    /// later in the cascade and may look up through it. A step that ends a branch (the
+    /// last `then` of a `sequence` step) frees its parent, and the parent's value, at once;
+    /// a queued child held its path itself when it went in flight.
     @usableFromInline
     final func runContinuationTakingParent() {
         guard let parentRetain = settledParentRetain.take() else { return }
+        let previousWatch = watchCascade()
         parentRetain._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
-        if keepParentUntilCascadeEnds(parentRetain) { return }
+        let firedInlineChild = AnyPromise.endCascadeWatch(previousWatch)
+        if firedInlineChild && keepParentUntilCascadeEnds(parentRetain) { return }
         parentRetain.release()  // may free the parent, and iteratively the chain above it
     }
 

@@ -154,6 +154,23 @@ final class LifetimeModelTests: XCTestCase {
         pending.cancel()
     }
 
+    /// An `.immediate` cascade frees each step once the next ran: at the end of a long
+    /// `sequence` only the steps in flight are alive, not every one.
+    func testImmediateSequenceFreesEachStepOnceTheNextRan() {
+        let tracker = LifeTracker()
+        let peak = Peak()
+        let steps = 2_000
+        let done = Promise.sequence(on: .immediate, Array(0..<steps)) { index -> Promise<Int> in
+            peak.record(tracker.alive)
+            return Promise(value: index)
+                .then(on: .immediate) { Payload(bytes: [UInt8(truncatingIfNeeded: $0)], tracker: tracker) }
+                .then(on: .immediate) { $0.bytes.count }
+        }
+        XCTAssertEqual(try done.wait(timeout: .seconds(30)).count, steps)
+        XCTAssertLessThanOrEqual(peak.maximum, 4, "only the steps in flight keep their values")
+        XCTAssertEqual(tracker.alive, 0)
+    }
+
     // MARK: Waiters that gave up leave nothing behind
 
     /// Polling a long-lived pending promise runs in constant memory: each

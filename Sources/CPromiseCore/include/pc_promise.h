@@ -51,11 +51,12 @@
  *   pc_defer_late   any thread (false outside a      wait-free (thread-local)
  *                   trampoline scope)
  *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
+ *   pc_cascade_*    any thread, watch/end paired     wait-free (thread-local)
  *   pc_detach       only the owner's deinit          wait-free (one load)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which. pc_claimed and pc_state are reads and race with nothing; pc_defer,
- * pc_defer_late and pc_inline_* touch only the calling thread's trampoline.
+ * pc_defer_late, pc_inline_* and pc_cascade_* touch only the calling thread's trampoline.
  *
  *                   pc_observe  pc_claim  pc_publish  pc_state  pc_detach
  *   pc_observe      no          no        no          no        yes (owner must be alive)
@@ -198,6 +199,19 @@ void pc_defer(pc_node *_Nonnull node);
  * promises of a cascade of inline handlers alive until the cascade ends this way.
  */
 bool pc_defer_late(pc_node *_Nonnull node);
+
+/*
+ * The cascade watch: whether the handler this thread is about to run settles its own
+ * promise with a publish that fires `.immediate` children (which run later in the same
+ * cascade). pc_cascade_watch(p) starts watching p and returns what was watched before;
+ * a fire callback calls pc_cascade_fired_inline(source) when it defers an `.immediate`
+ * child of `source`; pc_cascade_watch_end(previous) returns whether the watched promise
+ * fired one, and restores `previous`. Thread-local: only this thread's fires count (a
+ * promise settled by another thread meanwhile fired its children there).
+ */
+const pc_promise *_Nullable pc_cascade_watch(const pc_promise *_Nonnull promise);
+void pc_cascade_fired_inline(const pc_promise *_Nonnull source);
+bool pc_cascade_watch_end(const pc_promise *_Nullable previous);
 
 /*
  * For an observer that would fire at once (the promise settled and quiescent) and
