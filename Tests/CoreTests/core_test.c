@@ -1205,6 +1205,22 @@ static void word_summary(void *context, unsigned long rounds) {
 
 /* ---- 6. the aggregate's retirement gate ------------------------------------------ */
 
+/* The cascade watch: only the watched promise's inline fires count, and watches nest. */
+static void test_cascade_watch(verdict *v) {
+    static pc_promise outer, inner, other;
+    const pc_promise *none = pc_cascade_watch(&outer);
+    CHECK(v, none == NULL, "nothing watched at first");
+    pc_cascade_fired_inline(&other);
+    const pc_promise *saved = pc_cascade_watch(&inner);
+    CHECK(v, saved == &outer, "a nested watch returns the outer one");
+    pc_cascade_fired_inline(&inner);
+    CHECK(v, pc_cascade_watch_end(saved), "the inner promise fired inline");
+    CHECK(v, !pc_cascade_watch_end(none), "another promise's fire does not count");
+    pc_cascade_fired_inline(&outer);
+    const pc_promise *after = pc_cascade_watch(&outer);
+    CHECK(v, after == NULL && !pc_cascade_watch_end(after), "an end restores the previous watch");
+}
+
 /* In order: enters and leaves, the request, and nothing retired twice or while inside. */
 static void test_gate_in_order(verdict *v) {
     uintptr_t gate = 0;
@@ -1300,6 +1316,7 @@ int main(void) {
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
     run_test("retirement gate: enters, leaves, one retirement", test_gate_in_order);
+    run_test("cascade watch: only the watched promise counts, watches nest", test_cascade_watch);
 
     static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
     const stress_test racing_settlers = {
