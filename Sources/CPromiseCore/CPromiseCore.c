@@ -107,11 +107,12 @@ bool pc_defer_late(pc_node *node) {
     return true;
 }
 
-const pc_promise *pc_cascade_watch(const pc_promise *promise) {
-    const pc_promise *previous = pc_trampoline.watched;
+uintptr_t pc_cascade_watch(const pc_promise *promise) {
+    /* A promise is word-aligned, so bit 0 of the token can carry the flag. */
+    uintptr_t token = (uintptr_t)pc_trampoline.watched | (pc_trampoline.watched_fired ? 1u : 0u);
     pc_trampoline.watched = promise;
     pc_trampoline.watched_fired = false;
-    return previous;
+    return token;
 }
 
 void pc_cascade_fired_inline(const pc_promise *source) {
@@ -120,10 +121,10 @@ void pc_cascade_fired_inline(const pc_promise *source) {
     }
 }
 
-bool pc_cascade_watch_end(const pc_promise *previous) {
+bool pc_cascade_watch_end(uintptr_t token) {
     bool fired = pc_trampoline.watched_fired;
-    pc_trampoline.watched = previous;
-    pc_trampoline.watched_fired = false;
+    pc_trampoline.watched = (const pc_promise *)(token & ~(uintptr_t)1u);
+    pc_trampoline.watched_fired = (token & 1u) != 0;
     return fired;
 }
 

@@ -12,7 +12,8 @@ struct AggregatorSlot {
     /// The input, unowned (see `UnownedLink`), so that cancelling the aggregate can cancel
     /// it while it is pending without the aggregate keeping it. Valid while this slot is
     /// registered on it (an input that dies pending clears it: `clearAggregatorSlotInput`),
-    /// and after, when `settled` holds the input for the aggregator's life.
+    /// and after, while `settled` holds the input; whoever stops holding a settled input,
+    /// or never holds it (a retired aggregator), clears the link first.
     var input: UInt = 0
 }
 
@@ -115,12 +116,24 @@ final class Aggregator: @unchecked Sendable {
     /// (`race([work, shutdown])` in a loop), only the aggregator's own slots.
     fileprivate func slotFired(_ slot: UnsafeMutablePointer<AggregatorSlot>, source: AnyPromise) {
         var outputSettled = false
-        if pc_gate_enter(gate) {
+        if gateEnter(gate) {
             slot.pointee.settled = Unmanaged.passRetained(source)
             inputSettled(self, slot.pointee.index, source)
             outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { !$0.isPending }
+        } else {
+            // Retired: the input is not kept, so its link must not outlive it (the firing
+            // holds it until this returns). `cancelPendingInputs` may still run.
+            UnownedLink.clear(inputWord(slot), ifPointingAt: UnownedLink.address(of: source))
         }
-        if pc_gate_leave(gate, outputSettled) { retire() }
+        if gateLeave(gate, request: outputSettled) { retire() }
+    }
+
+    /// The output was cancelled: retires the aggregator now if no slot callback is
+    /// running (one that is retires it when it leaves), so inputs that never settle do not
+    /// keep the settled ones.
+    func retireIfIdle() {
+        _ = gateEnter(gate)
+        if gateLeave(gate, request: true) { retire() }
     }
 
     /// Drops the settled inputs and the output; once, with no policy call running

@@ -61,14 +61,14 @@ extension AnyPromise {
     /// next, fires `.immediate` children; returns the watch to restore
     /// (`pc_cascade_watch`).
     @inlinable
-    final func watchCascade() -> UnsafePointer<pc_promise>? {
-        pc_cascade_watch(corePointer)
+    final func watchCascade() -> UInt {
+        UInt(pc_cascade_watch(corePointer))
     }
 
     /// Whether the watched promise fired an `.immediate` child on this thread; restores
-    /// `previous` (`pc_cascade_watch_end`).
+    /// the watch `previous` saved (`pc_cascade_watch_end`).
     @inlinable
-    static func endCascadeWatch(_ previous: UnsafePointer<pc_promise>?) -> Bool {
+    static func endCascadeWatch(_ previous: UInt) -> Bool {
         pc_cascade_watch_end(previous)
     }
 
@@ -463,6 +463,12 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
     pc_defer(node)
 }
 
+/// Runs `node`'s fire callback once the current cascade is over (`pc_defer_late`); false,
+/// doing nothing, outside one.
+func deferNodeUntilCascadeEnds(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
+    pc_defer_late(node)
+}
+
 /// A full memory fence, StoreLoad included (`pc_fence`).
 func fullFence() {
     pc_fence()
@@ -473,6 +479,17 @@ func fullFence() {
 /// Lowers a countdown word; true for the call that reaches zero (`pc_count_down`).
 func countDownReachesZero(_ counter: UnsafeMutablePointer<UInt>) -> Bool {
     pc_count_down(counter) == 0
+}
+
+/// Enters an aggregate's retirement gate; false once it retired (`pc_gate_enter`).
+func gateEnter(_ gate: UnsafeMutablePointer<UInt>) -> Bool {
+    pc_gate_enter(gate)
+}
+
+/// Leaves the gate, asking for retirement if `request`; true for the one caller that
+/// must retire (`pc_gate_leave`).
+func gateLeave(_ gate: UnsafeMutablePointer<UInt>, request: Bool) -> Bool {
+    pc_gate_leave(gate, request)
 }
 
 /// A one-shot election (`pc_once`): true for the one caller that set the flag.

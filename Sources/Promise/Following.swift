@@ -128,7 +128,8 @@ extension AnyPromise {
     /// promise, or waits for it through a chain of waits of any length. A pending promise
     /// waits for the promise it follows (locked in), and a pending child for its pending
     /// parent (its handler has not run). Called by a promise that just locked in and
-    /// recorded its followee (`recordFollowee`), before it registers on `source`.
+    /// recorded its followee (`recordFollowee`) and registered on `source`, and has
+    /// observers itself (`closesACycle`).
     ///
     /// Cost: when `source` is settled, or pending with no parent and following nothing
     /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise

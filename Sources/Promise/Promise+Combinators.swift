@@ -139,7 +139,9 @@ extension Promise {
     /// the aggregator outlives every policy call) and is itself held by the inputs it
     /// observes; a caller that keeps only a child of the output still gets its value. Once
     /// the output has settled the aggregator drops it and every settled input (see
-    /// `Aggregator.slotFired`). The output's `onCancel` holds the aggregator weakly, so no
+    /// `Aggregator.slotFired`): at the next input that settles, or at once when the output
+    /// is cancelled. (An output settled from outside while every remaining input stays
+    /// pending keeps what it had until one of them settles.) The output's `onCancel` holds the aggregator weakly, so no
     /// cycle forms: once the inputs are gone (settled or dropped), the aggregator and an
     /// unreferenced output are freed.
     static func aggregate<Output: Sendable>(
@@ -151,6 +153,7 @@ extension Promise {
         let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown, inputSettled: inputSettled)
         output.onCancel(withReason: { [weak aggregator] reason in
             aggregator?.cancelPendingInputs(reason: reason)
+            aggregator?.retireIfIdle()
         })
         aggregator.start(inputs)
         return output

@@ -117,12 +117,15 @@ extension Promise {
     /// The child waits in this promise's waiter list, not in its observers: once the child
     /// has settled (the timer fired, or anyone settled it), it leaves the list at once, so
     /// a long-lived pending promise timed out again and again keeps none of the children.
+    /// When this promise settles, the child settles through the settling thread's
+    /// trampoline, with the other timeout children in their registration order, at the
+    /// place of the promise's first waiter among its observers.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         let child = Promise(linkedTo: self)
         let follower = TimeoutFollower(child: child)
         let list = rareState
         guard list.add(follower, on: self) == .listed else {
-            child.adoptOutcome(of: self)  // settled already: the child is too
+            child.adoptOutcome(of: self, lookingAbove: self)  // settled already: the child is too
             return child
         }
         let timer = PromiseTimer(after: interval) { child.reject(PromiseError.timedOut) }

@@ -106,11 +106,17 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     }
 
     /// Settles this promise, if still free, as `source` (of the same `Value`, or the
-    /// broken stand-in of a promise that died pending) settled.
-    final func adoptOutcome(of source: AnyPromise) {
+    /// broken stand-in of a promise that died pending) settled; when `parent` is given (the
+    /// source is this promise's parent), a cancel that reached it or an ancestor first
+    /// wins, as for a handler's child (`cancelReasonFromAncestors`).
+    final func adoptOutcome(of source: AnyPromise, lookingAbove parent: AnyPromise?) {
         let tag = source.publishedTag
         guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return }
-        copyOutcome(from: source, tag: tag)
+        if tag != UInt(PC_CANCELLED), let parent, let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: UInt32(tag), reason: reason)
+        } else {
+            copyOutcome(from: source, tag: tag)
+        }
         publishClaimedOutcome()
     }
 

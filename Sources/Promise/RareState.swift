@@ -12,9 +12,15 @@ import Dispatch
 // would stay too, and polling a long-lived pending promise would grow without bound. They
 // are entries of a doubly linked list instead, which registers one node on the promise,
 // once, for all of them. An entry that gives up unlinks itself, in O(1), and leaves
-// nothing behind. The list has a lock (a spin lock in one word, `pc_word_lock`, whose
-// holders run a handful of instructions): waiting is the one cold path where a lock is
-// acceptable. Registering `then`, `whenComplete` and the combinators never touches it.
+// nothing behind. The list has a lock (a spin lock in one word, `pc_word_lock`, held for
+// an O(1) link or unlink, or, once, for the walk that takes the whole list when the
+// promise settles): waiting is the one cold path where a lock is acceptable. Registering
+// `then`, `whenComplete` and the combinators never touches it.
+//
+// Order: when the promise settles, the waiting threads and Tasks wake first, at once, in
+// registration order; the `timeout` children settle next, in registration order, through
+// the settling thread's trampoline. All of them at the place of the list's node among the
+// promise's other observers (the first waiter's), not each at its own.
 
 /// An entry of a promise's waiter list. Every field is guarded by the list's lock.
 class WaiterEntry: @unchecked Sendable {
@@ -33,8 +39,14 @@ class WaiterEntry: @unchecked Sendable {
     fileprivate final var next: WaiterEntry?
     fileprivate final unowned(unsafe) var previous: WaiterEntry?
 
+    /// True for entries that only wake someone (a blocked thread, a suspended Task): they
+    /// are delivered at once, from the settling call's firing. False for entries that
+    /// settle a promise, which go through the settling thread's trampoline (no nesting).
+    var wakesOnly: Bool { true }
+
     /// The promise settled (or died pending: `source` is then its broken stand-in).
-    /// Called once, outside the lock, in registration order with the list's other entries.
+    /// Called once, outside the lock: the waking entries in registration order, then the
+    /// settling ones in registration order.
     func deliver(from source: AnyPromise) {
         preconditionFailure("WaiterEntry is abstract")
     }
@@ -52,18 +64,35 @@ final class BlockingWaiter<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     }
 }
 
+/// The untyped face of a `TimeoutFollower`: its child, for the cascade watch.
+class TimeoutFollowerBase: WaiterEntry, @unchecked Sendable {
+    /// Starts the cascade watch on the child this entry settles (see `RareState.fire`).
+    func watchCascade() -> UInt {
+        preconditionFailure("TimeoutFollowerBase is abstract")
+    }
+}
+
 /// A `timeout` child while its receiver is pending: settles the child as the receiver
 /// settles, unless the timer (or anyone) settled the child first; then the entry has
 /// left the receiver's list, and the child is no longer kept by it.
-final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
+final class TimeoutFollower<Value: Sendable>: TimeoutFollowerBase, @unchecked Sendable {
     let child: Promise<Value>
 
     init(child: Promise<Value>) {
         self.child = child
     }
 
+    override func watchCascade() -> UInt {
+        child.watchCascade()
+    }
+
+    override var wakesOnly: Bool { false }
+
+    /// Settles the child as the receiver settled; a cancel forwarded to the receiver (or
+    /// above it) before the child claimed wins, as for any handler's child. From a broken
+    /// stand-in (the receiver died pending) there is nothing above to look at.
     override func deliver(from source: AnyPromise) {
-        child.adoptOutcome(of: source)
+        child.adoptOutcome(of: source, lookingAbove: child.parentAddress == UnsafeMutableRawPointer(Unmanaged.passUnretained(source).toOpaque()) ? source : nil)
     }
 }
 
@@ -92,6 +121,9 @@ final class RareState: @unchecked Sendable {
     private unowned(unsafe) var tail: WaiterEntry?
     private var nodeRegistered = false
     private var fired = false
+    /// The settling entries taken when the node fired, for its deferred half: written and
+    /// read by the settling thread only.
+    private var settling: WaiterEntry?
 
     private func withLock<T>(_ body: () -> T) -> T {
         let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<(node: pc_node, lock: UInt)>.offset(of: \.lock)!)
@@ -161,8 +193,10 @@ final class RareState: @unchecked Sendable {
         }
     }
 
-    /// The promise settled: every listed entry gets its outcome, in registration order.
-    fileprivate func deliverAll(from source: AnyPromise) {
+    /// The promise settled: takes every listed entry, wakes the waiting ones at once, in
+    /// registration order, and keeps the settling ones (in order) for `settleFollowers`.
+    /// True if there are some.
+    fileprivate func wakeWaiters(from source: AnyPromise) -> Bool {
         var entry: WaiterEntry? = withLock {
             fired = true
             let taken = head
@@ -175,30 +209,92 @@ final class RareState: @unchecked Sendable {
             }
             return taken
         }
+        var settlingTail: WaiterEntry? = nil
         while let current = entry {
             entry = current.next
             current.next = nil
-            current.deliver(from: source)
+            if current.wakesOnly {
+                current.deliver(from: source)
+            } else if let last = settlingTail {
+                last.next = current
+                settlingTail = current
+            } else {
+                settling = current
+                settlingTail = current
+            }
         }
+        return settling != nil
+    }
+
+    /// The deferred half: settles the promises of the settling entries. True if one of
+    /// them fired `.immediate` children on this thread (the cascade watch), whose handlers
+    /// run later in the cascade and may look up through `source`.
+    fileprivate func settleFollowers(from source: AnyPromise) -> Bool {
+        var firedInline = false
+        var entry = settling.take()
+        while let current = entry {
+            entry = current.next
+            current.next = nil
+            let previousWatch = (current as? TimeoutFollowerBase)?.watchCascade()
+            current.deliver(from: source)
+            if let previousWatch, AnyPromise.endCascadeWatch(previousWatch) { firedInline = true }
+        }
+        return firedInline
     }
 
     final var nodePointer: UnsafeMutablePointer<pc_node> {
         _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: pc_node.self)
     }
 
-    /// The fire callback of the list's node: deferred to the trampoline (delivering may
-    /// settle promises, whose own observers must not nest), then run.
+    /// The fire callback of the list's node. Waiters wake at once (a blocked thread, a
+    /// suspended Task: nothing runs inline). Timeout children are settled through the
+    /// trampoline (their observers must not nest), the node deferred with the source held;
+    /// if that fired `.immediate` children, the source stays held until the cascade ends,
+    /// as a handler's parent does (`keepParentUntilCascadeEnds`).
     fileprivate static func fire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
         let state = CoreLayout.owner(ofFirstField: node, as: RareState.self)
         if let source {
-            state._withUnsafeGuaranteedRef { $0.sourceRetain = AnyPromise.owner(ofCore: source).retain() }
-            deferNode(node)  // the node's retain goes with it
+            let settled = AnyPromise.owner(ofCore: source)  // held by the settler for this call
+            let deferred = state._withUnsafeGuaranteedRef { rare in
+                guard settled._withUnsafeGuaranteedRef({ rare.wakeWaiters(from: $0) }) else { return false }
+                rare.sourceRetain = settled.retain()
+                return true
+            }
+            if deferred {
+                deferNode(node)  // the node's retain goes with it
+            } else {
+                state.release()  // the node's retain
+            }
             return
         }
         let rare = state.takeRetainedValue()
-        let settled = rare.sourceRetain.take().unsafelyUnwrapped.takeRetainedValue()
-        rare.deliverAll(from: settled)
+        let settled = rare.sourceRetain.take().unsafelyUnwrapped
+        let keep = settled._withUnsafeGuaranteedRef { source in
+            rare.settleFollowers(from: source) && source.parentAddress != nil
+        }
+        if keep {
+            // The node is done with the list: it now waits for the cascade's end.
+            rare.sourceRetain = settled
+            rare.nodePointer.pointee.fire = rareStateCascadeEnd
+            if deferNodeUntilCascadeEnds(rare.nodePointer) {
+                _ = Unmanaged.passRetained(rare)  // for the late node
+                return
+            }
+            rare.sourceRetain = nil
+        }
+        settled.release()
     }
+
+    /// The cascade that settled the timeout children ended: lets the source go.
+    fileprivate static func cascadeEnded(_ node: UnsafeMutablePointer<pc_node>) {
+        let rare = CoreLayout.owner(ofFirstField: node, as: RareState.self).takeRetainedValue()
+        rare.sourceRetain.take()?.release()
+    }
+}
+
+/// The late callback of a `RareState`'s node (see `RareState.fire`).
+func rareStateCascadeEnd(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    RareState.cascadeEnded(node)
 }
 
 /// The fire callback of a `RareState`'s node (see `RareState.fire`).

@@ -5,7 +5,7 @@ import CPromiseCore
 // Called from the deinits (AnyPromise.swift).
 
 /// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, an
-/// `ObserverBox`'s, an aggregator slot's, a waiter's) when a dying promise releases them.
+/// `ObserverBox`'s, an aggregator slot's, a waiter list's) when a dying promise releases them.
 func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
     unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
 }

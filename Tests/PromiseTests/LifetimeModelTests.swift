@@ -238,6 +238,40 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(try Promise(value: 5).timeout(.seconds(30)).wait(timeout: .seconds(10)), 5)
     }
 
+    /// A `timeout` child made on a promise whose cancel was forwarded after it settled is
+    /// cancelled, like any child made there (a cancel of a settled promise reaches the
+    /// descendants still to come).
+    func testTimeoutChildOfAForwardedCancelIsCancelled() {
+        let root = Promise<Int>()
+        let settled = root.then(on: .immediate) { $0 }
+        root.fulfill(1)
+        settled.cancel(reason: Reason(tag: 10))
+        let child = settled.timeout(.seconds(30))
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertTrue(settled.then(on: .immediate) { $0 }.isCancelled, "and so is a map child")
+        XCTAssertThrowsError(try child.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Reason, Reason(tag: 10)) }
+    }
+
+    /// Waiters wake from the settling call itself, not after the settler's cascade: a
+    /// thread blocked in `wait` is released while an `.immediate` handler of the same
+    /// promise still runs.
+    func testWaitersWakeBeforeTheSettlersInlineHandlersFinish() {
+        let promise = Promise<Int>()
+        let woke = DispatchSemaphore(value: 0)
+        let sawWake = Flag()
+        // Registered first, so it runs first: it blocks until the waiter has woken.
+        promise.whenComplete(on: .immediate) { _ in
+            if woke.wait(timeout: .now() + 10) == .success { sawWake.set() }
+        }
+        DispatchQueue.global().async {
+            _ = try? promise.wait(timeout: .seconds(30))
+            woke.signal()
+        }
+        XCTAssertTrue(eventually { promise.existingRareState?.waitingCount == 1 })
+        promise.fulfill(1)
+        XCTAssertTrue(sawWake.isSet, "the waiter woke while the inline handler ran")
+    }
+
     /// Cancelling a `retry` while it pauses between attempts lets go of the run at once,
     /// not at the end of the pause.
     func testCancelledRetryLetsGoOfItsRunDuringThePause() {

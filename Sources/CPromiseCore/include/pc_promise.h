@@ -203,15 +203,16 @@ bool pc_defer_late(pc_node *_Nonnull node);
 /*
  * The cascade watch: whether the handler this thread is about to run settles its own
  * promise with a publish that fires `.immediate` children (which run later in the same
- * cascade). pc_cascade_watch(p) starts watching p and returns what was watched before;
- * a fire callback calls pc_cascade_fired_inline(source) when it defers an `.immediate`
- * child of `source`; pc_cascade_watch_end(previous) returns whether the watched promise
- * fired one, and restores `previous`. Thread-local: only this thread's fires count (a
+ * cascade). pc_cascade_watch(p) starts watching p and returns a token for the watch it
+ * replaces (the promise watched before, and whether it had fired); a fire callback calls
+ * pc_cascade_fired_inline(source) when it defers an `.immediate` child of `source`;
+ * pc_cascade_watch_end(token) returns whether the watched promise fired one, and
+ * restores the watch the token saved. Thread-local: only this thread's fires count (a
  * promise settled by another thread meanwhile fired its children there).
  */
-const pc_promise *_Nullable pc_cascade_watch(const pc_promise *_Nonnull promise);
+uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise);
 void pc_cascade_fired_inline(const pc_promise *_Nonnull source);
-bool pc_cascade_watch_end(const pc_promise *_Nullable previous);
+bool pc_cascade_watch_end(uintptr_t token);
 
 /*
  * For an observer that would fire at once (the promise settled and quiescent) and
