@@ -23,6 +23,10 @@
  *                   keeps a ring of them from waiting for ever (-DNRING sizes it).
  *   -DGATE          an aggregate's retirement gate (pc_gate_enter / pc_gate_leave): slot
  *                   callbacks racing the one that finds the output settled.
+ *   -DREACH_MODEL   cancel reach: a root's cancel against a leaf going in flight below a
+ *                   step nobody holds, a side branch of the leaf that linked it early and
+ *                   then settled, and the death of the step (enterFlight, holds, registry,
+ *                   deinit, forwarding; whole operations as single steps).
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -46,6 +50,9 @@
  *   -DCYCLE -DBROKEN_CHECK_FIRST
  *                          the cycle check reads its own observers before registering on
  *                          the promise it follows.
+ *   -DREACH_MODEL -DBROKEN_HOLD_IF_UNLINKED
+ *                          enterFlight takes the path hold only if it is the one that links
+ *                          the promise (what `linked` meant before it meant reachability only).
  *   -DGATE -DBROKEN_GATE_IGNORES_INSIDE
  *                          the retirement gate retires on a request whatever the number of
  *                          callbacks inside.
@@ -82,7 +89,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -1193,5 +1200,159 @@ init {
     timeout;
     assert(retirements == 1);
     assert(!keptAfter)
+}
+#endif
+
+#ifdef REACH_MODEL
+/* ======================================================================================
+ * Model 7 (-DREACH_MODEL): how far a cancel reaches. The chain R -> A -> L, plus S, a
+ * child of L on a side branch: R is a root, settled and held by the canceller; A settled,
+ * held only by the cascade that ran it until L has gone in flight; L's handler waits on a
+ * context that never runs it, so L stays pending unless a cancel reaches it; S goes in
+ * flight before L does (the recovery of a side branch that settled early, or a fired
+ * timeout's catch), which links L and A early, then settles.
+ *
+ * Each operation of the overlay is one atomic step here (the HOLDS and REGISTRY models
+ * check their insides): enterFlight = holdPathWhileInFlight (if not holding) then
+ * linkIntoParentChain; a hold's first unit keeps the parent (a strong reference) and
+ * counts one on it if the parent is no root's child, its last unit lets go; a promise
+ * whose last strong reference goes dies (its registry links no longer answer); a cancel
+ * of a settled promise publishes its reason and forwards to every live linked child, a
+ * pending one is cancelled; a promise that links itself under a parent carrying a cancel
+ * cancels itself (addToRegistry's check).
+ *
+ * Property: when every process is done, L is cancelled.
+ *
+ * Broken variant (must FAIL): -DBROKEN_HOLD_IF_UNLINKED, enterFlight holds the path only
+ * when its own call linked the promise: L, linked early by S, never holds A; the cascade
+ * lets A go, S's hold went with S, A dies, and R's cancel finds a dead link.
+ * ====================================================================================== */
+
+#define NR 0
+#define NA 1
+#define NL 2
+#define NS 3
+#define NONE 255
+
+byte rparent[4];          /* NONE for the root */
+byte rrefs[4];            /* strong references */
+byte rholds[4];           /* hold units: its own while in flight, one per holding child */
+bit  ralive[4];
+bit  rlinked[4];          /* in its parent's registry */
+bit  rpublished[4];       /* a cancel forwarded through it after it settled */
+byte rstate[4];           /* PENDING, FULFILLED, CANCELLED */
+bit  leafInFlight;
+
+inline hold(p) {          /* one unit on p; the first keeps p's parent and counts up */
+    cur = p;
+    do
+    :: rholds[cur] = rholds[cur] + 1;
+       if
+       :: rholds[cur] == 1 && rparent[cur] != NONE && rparent[rparent[cur]] != NONE && ralive[rparent[cur]] ->
+          rrefs[rparent[cur]] = rrefs[rparent[cur]] + 1;
+          cur = rparent[cur]
+       :: else -> break
+       fi
+    od
+}
+
+inline unhold(p) {        /* one unit off p; the last lets the parent go, and on up */
+    cur = p;
+    do
+    :: rholds[cur] = rholds[cur] - 1;
+       if
+       :: rholds[cur] == 0 && rparent[cur] != NONE && rparent[rparent[cur]] != NONE && rrefs[rparent[cur]] > 0 ->
+          next = rparent[cur];
+          rrefs[next] = rrefs[next] - 1;
+          if :: rrefs[next] == 0 -> ralive[next] = 0 :: else fi;
+          cur = next
+       :: else -> break
+       fi
+    od
+}
+
+#define CARRIES(n) (rpublished[n] || rstate[n] == CANCELLED)
+
+inline forward_down() {   /* every live linked promise under one carrying a cancel gets it:
+                             a pending one is cancelled, a settled one forwards (cancelOne) */
+    changed = 1;
+    do
+    :: changed ->
+       changed = 0;
+       n = 1;
+       do
+       :: n < 4 ->
+          if
+          :: ralive[n] && rlinked[n] && CARRIES(rparent[n]) && !CARRIES(n) ->
+             if :: rstate[n] == PENDING -> rstate[n] = CANCELLED :: else -> rpublished[n] = 1 fi;
+             changed = 1
+          :: else
+          fi;
+          n++
+       :: else -> break
+       od
+    :: else -> break
+    od
+}
+
+inline link(p) {          /* linkIntoParentChain: p and its unlinked ancestors, once each;
+                             addToRegistry applies a cancel its parent already carries */
+    cur = p;
+    do
+    :: !rlinked[cur] && rparent[cur] != NONE && ralive[rparent[cur]] ->
+       rlinked[cur] = 1;
+       cur = rparent[cur]
+    :: else -> break
+    od;
+    forward_down()
+}
+
+inline enter_flight(p, linkedBefore) {
+#ifdef BROKEN_HOLD_IF_UNLINKED
+    if :: !linkedBefore -> hold(p) :: else fi;
+#else
+    hold(p);              /* SELF, whether or not p was linked before */
+#endif
+    link(p)
+}
+
+proctype Side() {         /* S: in flight below L, then settled */
+    byte cur, next, n;
+    bit changed;
+    d_step { enter_flight(NS, rlinked[NS]) };
+    d_step { rstate[NS] = FULFILLED; unhold(NS) }
+}
+
+proctype Leaf() {         /* L: its parent A fires it; its handler is queued for ever */
+    byte cur, next, n;
+    bit changed;
+    d_step { enter_flight(NL, rlinked[NL]); leafInFlight = 1 }
+}
+
+proctype Cascade() {      /* lets A go once it has fired L */
+    byte cur, next;
+    leafInFlight;
+    d_step { rrefs[NA] = rrefs[NA] - 1; if :: rrefs[NA] == 0 -> ralive[NA] = 0 :: else fi }
+}
+
+proctype Canceller() {    /* R.cancel(): R settled, so forward through its registry */
+    byte n;
+    bit changed;
+    d_step {
+        rpublished[NR] = 1;
+        forward_down()    /* the walk down, over live linked children */
+    }
+}
+
+init {
+    atomic {
+        rparent[NR] = NONE; rparent[NA] = NR; rparent[NL] = NA; rparent[NS] = NL;
+        rstate[NR] = FULFILLED; rstate[NA] = FULFILLED; rstate[NL] = PENDING; rstate[NS] = PENDING;
+        ralive[NR] = 1; ralive[NA] = 1; ralive[NL] = 1; ralive[NS] = 1;
+        rrefs[NR] = 1; rrefs[NA] = 1; rrefs[NL] = 1; rrefs[NS] = 1;   /* owner, cascade, queue, queue */
+        run Side(); run Leaf(); run Cascade(); run Canceller()
+    }
+    timeout;
+    assert(rstate[NL] == CANCELLED)
 }
 #endif
