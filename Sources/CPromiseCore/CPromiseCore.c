@@ -45,9 +45,10 @@ static _Thread_local struct {
     pc_node *tail;
     pc_node *late; /* pc_defer_late's stack, run once the FIFO is empty */
     unsigned depth;
-    const pc_promise *watched; /* pc_cascade_watch's promise, and whether it fired */
-    bool watched_fired;        /* an .immediate child on this thread */
 } pc_trampoline;
+
+/* The cascade watch (inline in pc_promise.h): thread-local, no atomics. */
+PC_THREAD_LOCAL uintptr_t pc_cascade_watch_word;
 
 static void pc_drain(void) {
     pc_trampoline.depth = 1; /* a fire callback that publishes or observes only queues */
@@ -105,27 +106,6 @@ bool pc_defer_late(pc_node *node) {
     node->next = pc_trampoline.late;
     pc_trampoline.late = node;
     return true;
-}
-
-uintptr_t pc_cascade_watch(const pc_promise *promise) {
-    /* A promise is word-aligned, so bit 0 of the token can carry the flag. */
-    uintptr_t token = (uintptr_t)pc_trampoline.watched | (pc_trampoline.watched_fired ? 1u : 0u);
-    pc_trampoline.watched = promise;
-    pc_trampoline.watched_fired = false;
-    return token;
-}
-
-void pc_cascade_fired_inline(const pc_promise *source) {
-    if (source == pc_trampoline.watched) {
-        pc_trampoline.watched_fired = true;
-    }
-}
-
-bool pc_cascade_watch_end(uintptr_t token) {
-    bool fired = pc_trampoline.watched_fired;
-    pc_trampoline.watched = (const pc_promise *)(token & ~(uintptr_t)1u);
-    pc_trampoline.watched_fired = (token & 1u) != 0;
-    return fired;
 }
 
 uintptr_t pc_inline_begin(const pc_promise *promise) {

@@ -187,16 +187,18 @@ extension AnyPromise {
         // `role` stays `.continuation` (the settling thread may still read it in
         // `runDeferred` while this runs on the context); `follow` moves it on.
         let parentCancelled = parent.publishedTag == UInt(PC_CANCELLED)
-        if parentCancelled || claimHint == UInt(PC_CLAIM_FREE) {
-            handler.run(parent, self)
-        }  // else `handler` is released unrun: settled, or locked in by someone else
-        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlightWhileFollowing(parent: parent) }
+        let claimed = claimHint
+        if parentCancelled || claimed == UInt(PC_CLAIM_FREE) {
+            handler.run(parent, self)  // a claim it loses to a lock-in: `lostClaimToHandler`
+        } else if claimed == UInt(PC_CLAIM_FOLLOWING) {
+            stayInFlightWhileFollowing(parent: parent)  // locked in before: released unrun
+        }  // else settled by someone else: `handler` is released unrun
     }
 
-    /// This child, whose parent settled, follows another promise: its handler returned it
-    /// (`follow` entered flight already), or `resolve(with:)` locked it in before or while
-    /// the handler ran. Either way it is in flight, whatever its context, and a cancel
-    /// that reached an ancestor first is applied now.
+    /// This child, whose parent settled, follows another promise that `resolve(with:)`
+    /// locked it in to, before or while its handler ran (a handler that returns a promise
+    /// enters flight in `follow`). Either way it is in flight, whatever its context, and
+    /// a cancel that reached an ancestor first is applied now.
     final func stayInFlightWhileFollowing(parent: AnyPromise) {
         enterFlight(parent: parent)
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {

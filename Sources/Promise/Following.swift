@@ -36,6 +36,7 @@ extension AnyPromise {
         guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else {
             // Settled first by someone else: a canceller's reason reaches the work too.
             forwardCancelIfClaimed(to: source)
+            lostClaimToHandler(parent: parent)
             return
         }
         recordFollowee(source, forwardsCancel: true)

@@ -32,13 +32,20 @@ extension AnyPromise {
     /// `reject` for a handler settling its child (see `fulfillFromHandler`).
     @usableFromInline
     final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
-        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return lostClaimToHandler(parent: parent) }
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = error
         }
         publishClaimedOutcome()
+    }
+
+    /// A handler's claim on its own child failed: settled by someone else, or locked in
+    /// by `resolve(with:)` while the handler ran, which leaves the child in flight.
+    @usableFromInline
+    final func lostClaimToHandler(parent: AnyPromise) {
+        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlightWhileFollowing(parent: parent) }
     }
 
     /// Turns the outcome this thread claimed (not yet published) into a cancel with
@@ -68,7 +75,7 @@ extension Promise {
     /// was cancelled leaves its child cancelled, not fulfilled.
     @inlinable
     func fulfillFromHandler(_ value: Value, parent: AnyPromise) {
-        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return lostClaimToHandler(parent: parent) }
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
             publishClaimedOutcome()

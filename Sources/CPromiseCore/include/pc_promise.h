@@ -210,9 +210,32 @@ bool pc_defer_late(pc_node *_Nonnull node);
  * restores the watch the token saved. Thread-local: only this thread's fires count (a
  * promise settled by another thread meanwhile fired its children there).
  */
-uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise);
-void pc_cascade_fired_inline(const pc_promise *_Nonnull source);
-bool pc_cascade_watch_end(uintptr_t token);
+/* Inline (one thread-local word: the watched promise, bit 0 set once it fired), since
+ * the cascade watch runs on every inline step of a chain. */
+#if defined(__cplusplus)
+#define PC_THREAD_LOCAL thread_local
+#else
+#define PC_THREAD_LOCAL _Thread_local
+#endif
+extern PC_THREAD_LOCAL uintptr_t pc_cascade_watch_word;
+
+static inline uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise) {
+    uintptr_t token = pc_cascade_watch_word;
+    pc_cascade_watch_word = (uintptr_t)promise;
+    return token;
+}
+
+static inline void pc_cascade_fired_inline(const pc_promise *_Nonnull source) {
+    if ((pc_cascade_watch_word & ~(uintptr_t)1u) == (uintptr_t)source) {
+        pc_cascade_watch_word |= 1u;
+    }
+}
+
+static inline bool pc_cascade_watch_end(uintptr_t token) {
+    bool fired = (pc_cascade_watch_word & 1u) != 0;
+    pc_cascade_watch_word = token;
+    return fired;
+}
 
 /*
  * For an observer that would fire at once (the promise settled and quiescent) and
