@@ -23,10 +23,10 @@
  *                   keeps a ring of them from waiting for ever (-DNRING sizes it).
  *   -DGATE          an aggregate's retirement gate (pc_gate_enter / pc_gate_leave): slot
  *                   callbacks racing the one that finds the output settled.
- *   -DREACH_MODEL   cancel reach: a root's cancel against a leaf going in flight below a
- *                   step nobody holds, a side branch of the leaf that linked it early and
- *                   then settled, and the death of the step (enterFlight, holds, registry,
- *                   deinit, forwarding; whole operations as single steps).
+ *   -DREACH_MODEL   cancel reach: a root's cancel against a leaf going in flight two
+ *                   steps below it, a side branch of the leaf that linked it early and then
+ *                   settled, and the death of a step nobody holds (enterFlight, holds,
+ *                   registry, deinit, forwarding; whole operations as single steps).
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -1205,50 +1205,60 @@ init {
 
 #ifdef REACH_MODEL
 /* ======================================================================================
- * Model 7 (-DREACH_MODEL): how far a cancel reaches. The chain R -> A -> L, plus S, a
- * child of L on a side branch: R is a root, settled and held by the canceller; A settled,
- * held only by the cascade that ran it until L has gone in flight; L's handler waits on a
- * context that never runs it, so L stays pending unless a cancel reaches it; S goes in
- * flight before L does (the recovery of a side branch that settled early, or a fired
- * timeout's catch), which links L and A early, then settles.
+ * Model 7 (-DREACH_MODEL): how far a cancel reaches. The chain R -> A -> B -> L, and a side
+ * branch T -> S below L, as in `root.then(.immediate).then(.immediate).then(on: queue)`
+ * with a side child T of the leaf L that settled early (a fired `timeout`), whose own
+ * child S (a recovery on a queue) goes in flight. R is a settled root its canceller holds;
+ * A is settled and held only by the cascade that ran it, which lets it go once L is in
+ * flight; B is settled and held by L (`settledParentRetain`) while L's handler waits on a
+ * queue that never runs it, so L stays pending unless a cancel reaches it; T is settled and
+ * held by S while S's handler waits; S goes in flight, which links T, L, B and A early and
+ * holds the path, then settles and lets its hold go.
  *
  * Each operation of the overlay is one atomic step here (the HOLDS and REGISTRY models
- * check their insides): enterFlight = holdPathWhileInFlight (if not holding) then
- * linkIntoParentChain; a hold's first unit keeps the parent (a strong reference) and
- * counts one on it if the parent is no root's child, its last unit lets go; a promise
- * whose last strong reference goes dies (its registry links no longer answer); a cancel
- * of a settled promise publishes its reason and forwards to every live linked child, a
- * pending one is cancelled; a promise that links itself under a parent carrying a cancel
- * cancels itself (addToRegistry's check).
+ * check their insides): enterFlight = holdPathWhileInFlight (if the promise does not hold
+ * its own unit yet) then linkIntoParentChain; a promise's first hold unit keeps its parent
+ * (a strong reference) and counts one on it, if the parent is no root; its last unit lets
+ * go; a promise whose last strong reference goes dies (its registry link no longer
+ * answers); a cancel of a settled promise publishes its reason and forwards to every live
+ * linked descendant (a pending one is cancelled); a promise that links itself below one
+ * carrying a cancel takes it (addToRegistry's check).
  *
  * Property: when every process is done, L is cancelled.
  *
  * Broken variant (must FAIL): -DBROKEN_HOLD_IF_UNLINKED, enterFlight holds the path only
- * when its own call linked the promise: L, linked early by S, never holds A; the cascade
- * lets A go, S's hold went with S, A dies, and R's cancel finds a dead link.
+ * when its own call links the promise (what `linked` meant before): L, linked early by S,
+ * never holds B's parent A; S settles and lets its hold go, the cascade lets A go, A dies,
+ * and R's cancel finds A's link dead.
  * ====================================================================================== */
 
 #define NR 0
 #define NA 1
-#define NL 2
-#define NS 3
+#define NB 2
+#define NL 3
+#define NT 4
+#define NS 5
+#define NNODES 6
 #define NONE 255
 
-byte rparent[4];          /* NONE for the root */
-byte rrefs[4];            /* strong references */
-byte rholds[4];           /* hold units: its own while in flight, one per holding child */
-bit  ralive[4];
-bit  rlinked[4];          /* in its parent's registry */
-bit  rpublished[4];       /* a cancel forwarded through it after it settled */
-byte rstate[4];           /* PENDING, FULFILLED, CANCELLED */
+byte rparent[NNODES];     /* NONE for the root */
+byte rrefs[NNODES];       /* strong references */
+byte rholds[NNODES];      /* hold units: its own while in flight, one per holding child */
+bit  rself[NNODES];       /* its own unit is among them (PC_HOLDS_SELF) */
+bit  ralive[NNODES];
+bit  rlinked[NNODES];     /* in its parent's registry */
+bit  rpublished[NNODES];  /* a cancel forwarded through it after it settled */
+byte rstate[NNODES];      /* PENDING, FULFILLED, CANCELLED */
 bit  leafInFlight;
 
-inline hold(p) {          /* one unit on p; the first keeps p's parent and counts up */
+#define NOT_ROOT(n) (rparent[n] != NONE)
+
+inline hold(p) {          /* one unit on p; the first keeps p's parent and counts on up */
     cur = p;
     do
     :: rholds[cur] = rholds[cur] + 1;
        if
-       :: rholds[cur] == 1 && rparent[cur] != NONE && rparent[rparent[cur]] != NONE && ralive[rparent[cur]] ->
+       :: rholds[cur] == 1 && NOT_ROOT(cur) && NOT_ROOT(rparent[cur]) && ralive[rparent[cur]] ->
           rrefs[rparent[cur]] = rrefs[rparent[cur]] + 1;
           cur = rparent[cur]
        :: else -> break
@@ -1261,7 +1271,7 @@ inline unhold(p) {        /* one unit off p; the last lets the parent go, and on
     do
     :: rholds[cur] = rholds[cur] - 1;
        if
-       :: rholds[cur] == 0 && rparent[cur] != NONE && rparent[rparent[cur]] != NONE && rrefs[rparent[cur]] > 0 ->
+       :: rholds[cur] == 0 && NOT_ROOT(cur) && NOT_ROOT(rparent[cur]) && rrefs[rparent[cur]] > 0 ->
           next = rparent[cur];
           rrefs[next] = rrefs[next] - 1;
           if :: rrefs[next] == 0 -> ralive[next] = 0 :: else fi;
@@ -1281,7 +1291,7 @@ inline forward_down() {   /* every live linked promise under one carrying a canc
        changed = 0;
        n = 1;
        do
-       :: n < 4 ->
+       :: n < NNODES ->
           if
           :: ralive[n] && rlinked[n] && CARRIES(rparent[n]) && !CARRIES(n) ->
              if :: rstate[n] == PENDING -> rstate[n] = CANCELLED :: else -> rpublished[n] = 1 fi;
@@ -1299,7 +1309,7 @@ inline link(p) {          /* linkIntoParentChain: p and its unlinked ancestors, 
                              addToRegistry applies a cancel its parent already carries */
     cur = p;
     do
-    :: !rlinked[cur] && rparent[cur] != NONE && ralive[rparent[cur]] ->
+    :: !rlinked[cur] && NOT_ROOT(cur) && ralive[rparent[cur]] ->
        rlinked[cur] = 1;
        cur = rparent[cur]
     :: else -> break
@@ -1309,47 +1319,60 @@ inline link(p) {          /* linkIntoParentChain: p and its unlinked ancestors, 
 
 inline enter_flight(p, linkedBefore) {
 #ifdef BROKEN_HOLD_IF_UNLINKED
-    if :: !linkedBefore -> hold(p) :: else fi;
+    if :: !linkedBefore -> rself[p] = 1; hold(p) :: else fi;
 #else
-    hold(p);              /* SELF, whether or not p was linked before */
+    if :: !rself[p] -> rself[p] = 1; hold(p) :: else fi;   /* its own unit, linked or not */
 #endif
     link(p)
 }
 
-proctype Side() {         /* S: in flight below L, then settled */
+inline drop(p) {          /* a strong reference goes */
+    rrefs[p] = rrefs[p] - 1;
+    if :: rrefs[p] == 0 -> ralive[p] = 0 :: else fi
+}
+
+proctype Side() {         /* S: in flight below the settled T, then settled */
     byte cur, next, n;
     bit changed;
     d_step { enter_flight(NS, rlinked[NS]) };
-    d_step { rstate[NS] = FULFILLED; unhold(NS) }
+    d_step {
+        if :: rstate[NS] == PENDING -> rstate[NS] = FULFILLED :: else fi;
+        rself[NS] = 0;    /* publishClaimedOutcome drops its own unit */
+        unhold(NS);
+        drop(NT)          /* S's handler ran: it lets its parent go */
+    }
 }
 
-proctype Leaf() {         /* L: its parent A fires it; its handler is queued for ever */
+proctype Leaf() {         /* L: B fires it; its handler is queued for ever */
     byte cur, next, n;
     bit changed;
     d_step { enter_flight(NL, rlinked[NL]); leafInFlight = 1 }
 }
 
-proctype Cascade() {      /* lets A go once it has fired L */
-    byte cur, next;
+proctype Cascade() {      /* lets A go once B has fired L */
     leafInFlight;
-    d_step { rrefs[NA] = rrefs[NA] - 1; if :: rrefs[NA] == 0 -> ralive[NA] = 0 :: else fi }
+    d_step { drop(NA) }
 }
 
-proctype Canceller() {    /* R.cancel(): R settled, so forward through its registry */
+proctype Canceller() {    /* R.cancel(): R settled, so it forwards through its registry */
     byte n;
     bit changed;
     d_step {
         rpublished[NR] = 1;
-        forward_down()    /* the walk down, over live linked children */
+        forward_down()
     }
 }
 
 init {
     atomic {
-        rparent[NR] = NONE; rparent[NA] = NR; rparent[NL] = NA; rparent[NS] = NL;
-        rstate[NR] = FULFILLED; rstate[NA] = FULFILLED; rstate[NL] = PENDING; rstate[NS] = PENDING;
-        ralive[NR] = 1; ralive[NA] = 1; ralive[NL] = 1; ralive[NS] = 1;
-        rrefs[NR] = 1; rrefs[NA] = 1; rrefs[NL] = 1; rrefs[NS] = 1;   /* owner, cascade, queue, queue */
+        rparent[NR] = NONE; rparent[NA] = NR; rparent[NB] = NA; rparent[NL] = NB;
+        rparent[NT] = NL; rparent[NS] = NT;
+        rstate[NR] = FULFILLED; rstate[NA] = FULFILLED; rstate[NB] = FULFILLED;
+        rstate[NL] = PENDING; rstate[NT] = REJECTED; rstate[NS] = PENDING;
+        ralive[NR] = 1; ralive[NA] = 1; ralive[NB] = 1; ralive[NL] = 1; ralive[NT] = 1; ralive[NS] = 1;
+        /* R: its canceller; A: the cascade; B: L's settledParentRetain; L, S: their queues;
+           T: S's settledParentRetain (and L's observer stack no more: T settled early) */
+        rrefs[NR] = 1; rrefs[NA] = 1; rrefs[NB] = 1; rrefs[NL] = 1; rrefs[NT] = 1; rrefs[NS] = 1;
         run Side(); run Leaf(); run Cascade(); run Canceller()
     }
     timeout;

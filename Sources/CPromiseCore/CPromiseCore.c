@@ -48,7 +48,11 @@ static _Thread_local struct {
 } pc_trampoline;
 
 /* The cascade watch (inline in pc_promise.h): thread-local, no atomics. */
-PC_THREAD_LOCAL uintptr_t pc_cascade_watch_word;
+#if defined(__GNUC__) || defined(__clang__)
+__thread uintptr_t pc_cascade_watch_word;
+#else
+_Thread_local uintptr_t pc_cascade_watch_word;
+#endif
 
 static void pc_drain(void) {
     pc_trampoline.depth = 1; /* a fire callback that publishes or observes only queues */

@@ -119,7 +119,9 @@ extension Promise {
     /// a long-lived pending promise timed out again and again keeps none of the children.
     /// When this promise settles, the child settles through the settling thread's
     /// trampoline, with the other timeout children in their registration order, at the
-    /// place of the promise's first waiter among its observers.
+    /// place of the promise's first waiter among its observers, and after the threads and
+    /// Tasks waiting on this promise woke: a `wait()` on this promise may return while the
+    /// child, made earlier, is still pending for an instant.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         let child = Promise(linkedTo: self)
         let follower = TimeoutFollower(child: child)

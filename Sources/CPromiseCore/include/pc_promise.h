@@ -212,12 +212,11 @@ bool pc_defer_late(pc_node *_Nonnull node);
  */
 /* Inline (one thread-local word: the watched promise, bit 0 set once it fired), since
  * the cascade watch runs on every inline step of a chain. */
-#if defined(__cplusplus)
-#define PC_THREAD_LOCAL thread_local
+#if defined(__GNUC__) || defined(__clang__)
+extern __thread uintptr_t pc_cascade_watch_word; /* C and C++ alike: no TLS wrapper function */
 #else
-#define PC_THREAD_LOCAL _Thread_local
+extern _Thread_local uintptr_t pc_cascade_watch_word;
 #endif
-extern PC_THREAD_LOCAL uintptr_t pc_cascade_watch_word;
 
 static inline uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise) {
     uintptr_t token = pc_cascade_watch_word;
