@@ -435,7 +435,7 @@ extension AnyPromise {
 
     /// Runs the node's fire callback once the current cascade is over; false outside one.
     final func deferUntilCascadeEnds() -> Bool {
-        pc_defer_late(nodePointer)
+        deferNodeUntilCascadeEnds(nodePointer)
     }
 }
 

@@ -84,12 +84,7 @@ extension AnyPromise {
             if claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) {
                 // The parent if it is still alive: the handler that made us follow is done
                 // and dropped its hold (a dead parent has nothing to pass down any more).
-                if tag != UInt(PC_CANCELLED), let parent = parentIfAlive,
-                   let reason = cancelReasonFromAncestors(parent: parent) {
-                    turnClaimIntoCancel(from: UInt32(tag), reason: reason)
-                } else {
-                    copyOutcome(from: source, tag: tag)
-                }
+                fillClaimedOutcome(tag, copying: source, lookingAbove: parentIfAlive)
                 deferOnThisThread()  // publishes right after the current firing
             } else {
                 retained.release()  // cancelled while following: nothing to adopt
@@ -191,18 +186,8 @@ extension AnyPromise {
         if parentCancelled || claimed == UInt(PC_CLAIM_FREE) {
             handler.run(parent, self)  // a claim it loses to a lock-in: `lostClaimToHandler`
         } else if claimed == UInt(PC_CLAIM_FOLLOWING) {
-            stayInFlightWhileFollowing(parent: parent)  // locked in before: released unrun
+            stayInFlight(parent: parent)  // locked in before: released unrun
         }  // else settled by someone else: `handler` is released unrun
     }
 
-    /// This child, whose parent settled, follows another promise that `resolve(with:)`
-    /// locked it in to, before or while its handler ran (a handler that returns a promise
-    /// enters flight in `follow`). Either way it is in flight, whatever its context, and
-    /// a cancel that reached an ancestor first is applied now.
-    final func stayInFlightWhileFollowing(parent: AnyPromise) {
-        enterFlight(parent: parent)
-        if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
-            cancel(reason: reason)
-        }
-    }
 }

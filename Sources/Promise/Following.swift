@@ -68,10 +68,11 @@ extension AnyPromise {
         onCancel(withReason: { [source] reason in source.cancel(reason: reason) })
     }
 
-    /// For a handler that leaves its child pending, to be settled later by someone else
-    /// (`StoredHandler.handOff`): links the child into its parent's cancellation registry,
-    /// so that a cancel forwarded through the settled parent still reaches it, and applies
-    /// one that reached an ancestor already.
+    /// A child whose parent settled stays pending with work to come: a handler hands it
+    /// off to be settled later (`StoredHandler.handOff`), or `resolve(with:)` locked it in
+    /// before or while its handler ran (`runContinuation`, `lostClaimToHandler`). It enters
+    /// flight, so that a cancel forwarded through the settled parent still reaches it,
+    /// and takes a cancel that reached an ancestor already.
     @usableFromInline
     final func stayInFlight(parent: AnyPromise) {
         enterFlight(parent: parent)

@@ -199,7 +199,8 @@ extension AnyPromise {
     /// - Parameter parent: this promise's parent, which the caller holds (the thread that
     ///   fired this promise, or its continuation), so reading it needs no lock.
     final func enterFlight(parent: AnyPromise) {
-        if holdsWord & UInt(PC_HOLDS_SELF) == 0 { holdPathWhileInFlight() }
+        // A root's child holds nothing (see `holdPathWhileInFlight`): skip the word's load.
+        if holdsItsParentInFlight && holdsWord & UInt(PC_HOLDS_SELF) == 0 { holdPathWhileInFlight() }
         linkIntoParentChain(parent: parent)
     }
 

@@ -112,11 +112,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     final func adoptOutcome(of source: AnyPromise, lookingAbove parent: AnyPromise?) {
         let tag = source.publishedTag
         guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return }
-        if tag != UInt(PC_CANCELLED), let parent, let reason = cancelReasonFromAncestors(parent: parent) {
-            turnClaimIntoCancel(from: UInt32(tag), reason: reason)
-        } else {
-            copyOutcome(from: source, tag: tag)
-        }
+        fillClaimedOutcome(tag, copying: source, lookingAbove: parent)
         publishClaimedOutcome()
     }
 

@@ -14,8 +14,12 @@ import Dispatch
 // once, for all of them. An entry that gives up unlinks itself, in O(1), and leaves
 // nothing behind. The list has a lock (a spin lock in one word, `pc_word_lock`, held for
 // an O(1) link or unlink, or, once, for the walk that takes the whole list when the
-// promise settles): waiting is the one cold path where a lock is acceptable. Registering
-// `then`, `whenComplete` and the combinators never touches it.
+// promise settles). Registering `then`, `whenComplete` and the combinators never touches
+// it, and a promise nobody waits on this way never takes it. But the settle of a promise
+// that has such waiters does take it, once: that settle is not lock-free (a holder
+// preempted inside costs the settler a time slice). The trade is deliberate: unlinking a
+// node from the lock-free observer stack would need memory reclamation (hazard pointers
+// or epochs), which the core does without.
 //
 // Order: when the promise settles, the waiting threads and Tasks wake first, at once, in
 // registration order; the `timeout` children settle next, in registration order, through
@@ -39,10 +43,11 @@ class WaiterEntry: @unchecked Sendable {
     fileprivate final var next: WaiterEntry?
     fileprivate final unowned(unsafe) var previous: WaiterEntry?
 
-    /// True for entries that only wake someone (a blocked thread, a suspended Task): they
-    /// are delivered at once, from the settling call's firing. False for entries that
-    /// settle a promise, which go through the settling thread's trampoline (no nesting).
-    var wakesOnly: Bool { true }
+    /// The promise this entry settles when delivered, or nil for an entry that only wakes
+    /// someone (a blocked thread, a suspended Task), which is delivered at once, from the
+    /// settling call's firing. An entry that settles a promise goes through the settling
+    /// thread's trampoline (its observers must not nest), under the cascade watch.
+    var settledPromise: AnyPromise? { nil }
 
     /// The promise settled (or died pending: `source` is then its broken stand-in).
     /// Called once, outside the lock: the waking entries in registration order, then the
@@ -64,29 +69,17 @@ final class BlockingWaiter<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     }
 }
 
-/// The untyped face of a `TimeoutFollower`: its child, for the cascade watch.
-class TimeoutFollowerBase: WaiterEntry, @unchecked Sendable {
-    /// Starts the cascade watch on the child this entry settles (see `RareState.fire`).
-    func watchCascade() -> UInt {
-        preconditionFailure("TimeoutFollowerBase is abstract")
-    }
-}
-
 /// A `timeout` child while its receiver is pending: settles the child as the receiver
 /// settles, unless the timer (or anyone) settled the child first; then the entry has
 /// left the receiver's list, and the child is no longer kept by it.
-final class TimeoutFollower<Value: Sendable>: TimeoutFollowerBase, @unchecked Sendable {
+final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     let child: Promise<Value>
 
     init(child: Promise<Value>) {
         self.child = child
     }
 
-    override func watchCascade() -> UInt {
-        child.watchCascade()
-    }
-
-    override var wakesOnly: Bool { false }
+    override var settledPromise: AnyPromise? { child }
 
     /// Settles the child as the receiver settled; a cancel forwarded to the receiver (or
     /// above it) before the child claimed wins, as for any handler's child. From a broken
@@ -213,7 +206,7 @@ final class RareState: @unchecked Sendable {
         while let current = entry {
             entry = current.next
             current.next = nil
-            if current.wakesOnly {
+            if current.settledPromise == nil {
                 current.deliver(from: source)
             } else if let last = settlingTail {
                 last.next = current
@@ -235,9 +228,9 @@ final class RareState: @unchecked Sendable {
         while let current = entry {
             entry = current.next
             current.next = nil
-            let previousWatch = (current as? TimeoutFollowerBase)?.watchCascade()
+            let previousWatch = current.settledPromise.unsafelyUnwrapped.watchCascade()
             current.deliver(from: source)
-            if let previousWatch, AnyPromise.endCascadeWatch(previousWatch) { firedInline = true }
+            if AnyPromise.endCascadeWatch(previousWatch) { firedInline = true }
         }
         return firedInline
     }

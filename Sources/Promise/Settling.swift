@@ -45,7 +45,20 @@ extension AnyPromise {
     /// by `resolve(with:)` while the handler ran, which leaves the child in flight.
     @usableFromInline
     final func lostClaimToHandler(parent: AnyPromise) {
-        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlightWhileFollowing(parent: parent) }
+        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlight(parent: parent) }
+    }
+
+    /// Fills in the outcome this thread just claimed as `tag` by adopting `source`'s (a
+    /// followed promise, or a timeout child's receiver): its value or error is copied,
+    /// unless a cancel reached `parent` or an ancestor first, which then wins as for a
+    /// handler's child. Nil `parent`: nothing above to look at (it is gone, or `source` is
+    /// a broken stand-in). The caller publishes.
+    final func fillClaimedOutcome(_ tag: UInt, copying source: AnyPromise, lookingAbove parent: AnyPromise?) {
+        if tag != UInt(PC_CANCELLED), let parent, let reason = cancelReasonFromAncestors(parent: parent) {
+            turnClaimIntoCancel(from: UInt32(tag), reason: reason)
+        } else {
+            copyOutcome(from: source, tag: tag)
+        }
     }
 
     /// Turns the outcome this thread claimed (not yet published) into a cancel with
