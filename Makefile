@@ -13,8 +13,10 @@ CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
 # would reach SwiftNIO's C shims too, and SwiftPM rejects `-Xcc -Werror` once a remote
 # package is in the build.
 # SWIFT_TRAITS builds PromiseNIO (the package trait SwiftNIO, off for consumers by
-# default) with everything else, so that every target here builds and tests it.
-SWIFT_TRAITS := --traits SwiftNIO
+# default) with everything else, so that every target here builds and tests it, and keeps
+# the default trait Foundation on (naming a trait drops the defaults otherwise). The
+# build with no trait at all, as a server makes it, is `make integration`'s.
+SWIFT_TRAITS := --traits default,SwiftNIO
 SWIFT_WARN  := -Xswiftc -warnings-as-errors
 SWIFT_FLAGS := $(SWIFT_TRAITS) $(SWIFT_WARN)
 
@@ -30,7 +32,7 @@ help:
 	@echo "make build      build the library (warnings are errors)"
 	@echo "make test       C core tests + swift test + public API check"
 	@echo "make test-core-32  the C core and its tests as a 32-bit program (installs libc6-dev-i386)"
-	@echo "make integration  build and run IntegrationTests/ (Promise alone: no SwiftNIO fetched; PromiseNIO) by path and by git URL"
+	@echo "make integration  build and run IntegrationTests/ (Promise alone: no SwiftNIO fetched; PromiseNIO) by path and by git URL; a static server build: no Foundation, size gated"
 	@echo "make api-check  compare the public API of Promise and PromiseNIO with Scripts/public-api*.txt (make api-update rewrites them)"
 	@echo "make demo       run the demo program (Examples/)"
 	@echo "make docs       build the DocC archives of Promise and PromiseNIO (Examples/Docs, swift-docc-plugin; warnings fail)"
@@ -85,7 +87,7 @@ demo: deps
 
 clean:
 	@echo "==> clean"
-	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build .build-api
+	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build IntegrationTests/ServerConsumer/.build .build-api
 
 # ---- 32-bit targets (watchOS's arm64_32 among them) ---------------------------------------
 

@@ -7,24 +7,17 @@
 //   PromiseNIO   SwiftNIO integration: EventLoop as an ExecutionContext, Promise <->
 //                EventLoopFuture. Behind the package trait `SwiftNIO`, off by default.
 //
-// Why a trait: SwiftPM fetches every package a manifest names, whichever products a
-// consumer uses (a plain second product would check SwiftNIO and its four dependencies
-// out for everybody), while a dependency named only under a trait that is off is neither
-// fetched nor built, from SwiftPM 6.2 on (6.1 has traits but still fetches such a
-// dependency). So a package that wants only Promise writes
+// Promise imports nothing of Foundation's family unless a trait asks for it:
 //
-//     .package(url: "https://github.com/OWNER/Promise.git", from: "1.0.0")
+//   Foundation            on by default: OperationQueue as an ExecutionContext, and
+//                         PromiseError's LocalizedError conformance
+//   FoundationEssentials  LocalizedError alone, from FoundationEssentials, for a server
+//                         that links FoundationEssentials anyway
 //
-// and gets no SwiftNIO, and a server package enables the trait:
-//
-//     .package(url: "https://github.com/OWNER/Promise.git", from: "1.0.0", traits: ["SwiftNIO"])
-//     ... .product(name: "PromiseNIO", package: "Promise")
-//
-// Hence swift-tools-version 6.2. Swift 6.0 and 6.1 read Package@swift-6.0.swift instead
-// (SwiftPM picks the newest manifest its tools can read), which offers the Promise product
-// alone. In this repository, `make` enables the trait (`swift build --traits SwiftNIO`), so
-// PromiseNIO is built and tested with the rest.
-// Package@swift-6.0.swift repeats the targets below but PromiseNIO's: keep it in step.
+// A statically linked server lists the traits it wants, which drops the defaults
+// (`traits: []`, or `traits: ["SwiftNIO"]`): its binary then links no Foundation (about
+// 57 MB less) and no FoundationEssentials (about 11 MB less); make integration measures
+// it (IntegrationTests/ServerConsumer).
 import PackageDescription
 
 let package = Package(
@@ -36,6 +29,15 @@ let package = Package(
         .library(name: "PromiseNIO", targets: ["PromiseNIO"]),
     ],
     traits: [
+        .default(enabledTraits: ["Foundation"]),
+        .trait(
+            name: "Foundation",
+            description: "OperationQueue as an ExecutionContext, and LocalizedError for Promise's errors. Imports Foundation; on by default."
+        ),
+        .trait(
+            name: "FoundationEssentials",
+            description: "LocalizedError for Promise's errors from FoundationEssentials, without Foundation: for servers that link FoundationEssentials anyway."
+        ),
         .trait(
             name: "SwiftNIO",
             description: "Builds PromiseNIO against SwiftNIO (NIOCore): event loops as execution contexts, Promise <-> EventLoopFuture."

@@ -36,19 +36,24 @@ let package = Package(
         .systemLibrary(
             name: "CSwiftRuntime"
         ),
+        // This manifest declares no traits: the Foundation trait (OperationQueue as a
+        // context, LocalizedError) is always on here, as it is by default in Package.swift.
         .target(
             name: "Promise",
-            dependencies: ["CPromiseCore", "CSwiftRuntime"]
+            dependencies: ["CPromiseCore", "CSwiftRuntime"],
+            swiftSettings: [.define("Foundation")]
         ),
         .testTarget(
             name: "PromiseTests",
-            dependencies: ["Promise", "CPromiseCore"]
+            dependencies: ["Promise", "CPromiseCore"],
+            swiftSettings: [.define("Foundation")]
         ),
         // Hammering: concurrent registration, settling and cancellation; bounded by
         // PROMISE_STRESS_ITERATIONS / PROMISE_STRESS_SECONDS (see README).
         .testTarget(
             name: "PromiseStressTests",
-            dependencies: ["Promise", "CPromiseCore"]
+            dependencies: ["Promise", "CPromiseCore"],
+            swiftSettings: [.define("Foundation")]
         ),
     ],
     swiftLanguageModes: [.v6]

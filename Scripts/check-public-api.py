@@ -44,8 +44,9 @@ LIST_NAME = "public-api.txt" if MODULE == "Promise" else "public-api-%s.txt" % M
 LIST = os.path.join(ROOT, "Scripts", LIST_NAME)
 # PromiseNIO is SwiftNIO glue only with the package trait on. Promise is built the same
 # way, so that both modules share one build folder (the trait changes how every target is
-# compiled) and the second check rebuilds only its own module.
-TRAITS = ["--traits", "SwiftNIO"]
+# compiled) and the second check rebuilds only its own module; `default` keeps the
+# default trait Foundation (its conformances are part of the list) on.
+TRAITS = ["--traits", "default,SwiftNIO"]
 IMPLICIT_PROTOCOLS = {"Swift.Copyable", "Swift.Escapable", "Swift.SendableMetatype",
                       "Swift.BitwiseCopyable"}
 HEADER = (

@@ -5,8 +5,9 @@
 //
 // `Sources` is a symbolic link to the library's Sources/, and the targets below repeat
 // the library's (keep them in step with ../../Package.swift). PromiseNIO is built as the
-// library builds it with its SwiftNIO trait on: the `SwiftNIO` condition is defined
-// here. Nothing depends on this package; it builds only the modules it documents.
+// library builds it with its SwiftNIO trait on, and Promise with its default trait
+// Foundation on: the `SwiftNIO` and `Foundation` conditions are defined here. Nothing
+// depends on this package; it builds only the modules it documents.
 //
 //   swift package --package-path Examples/Docs \
 //       --allow-writing-to-directory OUT generate-documentation --target Promise \
@@ -32,7 +33,11 @@ let package = Package(
         ),
         .target(name: "CPromiseCore", dependencies: ["CAtomicOps"]),
         .systemLibrary(name: "CSwiftRuntime"),
-        .target(name: "Promise", dependencies: ["CPromiseCore", "CSwiftRuntime"]),
+        .target(
+            name: "Promise",
+            dependencies: ["CPromiseCore", "CSwiftRuntime"],
+            swiftSettings: [.define("Foundation")]
+        ),
         .target(
             name: "PromiseNIO",
             dependencies: ["Promise", .product(name: "NIOCore", package: "swift-nio")],

@@ -447,14 +447,13 @@ enum ForwardingEpoch {
     static var current: UInt { pc_forwarding_epoch() }
 }
 
-/// Takes a word's spin lock (`pc_word_lock`): cold paths only (a waiter list).
-func lockWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
-    pc_word_lock(word)
-}
-
-/// Releases a word's spin lock, storing `value` (`pc_word_unlock`).
-func unlockWord(_ word: UnsafeMutablePointer<UInt>, _ value: UInt) {
-    pc_word_unlock(word, value)
+/// Runs `body` holding the spin lock of `word`, a locked word used as a plain lock (its
+/// value stays 0: `pc_word_lock`, `pc_word_unlock`). Cold paths only: a waiter list, the
+/// step of a `sequence` or `retry`.
+func withWordLock<T>(_ word: UnsafeMutablePointer<UInt>, _ body: () -> T) -> T {
+    _ = pc_word_lock(word)
+    defer { pc_word_unlock(word, 0) }
+    return body()
 }
 
 /// Runs `node`'s fire callback with no source after the current firing on this thread

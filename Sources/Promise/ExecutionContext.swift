@@ -1,5 +1,4 @@
 import Dispatch
-import Foundation
 
 /// Where a handler runs: a queue, an event loop, or the settling thread itself.
 ///
@@ -113,15 +112,6 @@ extension DispatchQueue: ExecutionContext {
     @inlinable
     public func execute(_ work: @escaping @Sendable () -> Void) {
         async(flags: .barrier, execute: work)
-    }
-}
-
-/// An `OperationQueue` runs each handler as an operation; its `maxConcurrentOperationCount`
-/// decides whether handlers may overlap.
-extension OperationQueue: ExecutionContext {
-    /// Adds `work` to the queue as a block operation.
-    public func execute(_ work: @escaping @Sendable () -> Void) {
-        addOperation(work)
     }
 }
 

@@ -1,5 +1,4 @@
 // Combinators that run user work one step at a time: `sequence` and `retry`.
-import Foundation
 
 /// The step a `sequence` or `retry` waits for: the one promise a cancel of the output must
 /// reach. One per run, registered once with the output's `onCancel`, so a run of any
@@ -7,30 +6,36 @@ import Foundation
 /// down at its input, which its own resolver keeps alive (a strong link here would also
 /// close a cycle through the step's observer, which holds the run).
 ///
-/// Threading: a lock, taken once per step and once per cancel (cold paths: never on the
-/// register, settle or fire path of any promise).
+/// Threading: a spin lock in one word (`withWordLock`), taken once per step and once per
+/// cancel, never around a call out (cold paths: never on the register, settle or fire
+/// path of any promise).
 final class StepInFlight: @unchecked Sendable {
-    private let lock = NSLock()
+    // First stored property, so that its address is known without a lookup.
+    private final var lockWord: UInt = 0
     private weak var step: AnyPromise?
     private var cancelReason: (any Error)?
+
+    private func withLock<T>(_ body: () -> T) -> T {
+        withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
+    }
 
     /// Makes `step` the one in flight; cancels it at once if the output was cancelled
     /// before it started.
     func start(_ step: AnyPromise) {
-        lock.lock()
-        let reason = cancelReason
-        if reason == nil { self.step = step }
-        lock.unlock()
+        let reason: (any Error)? = withLock {
+            if cancelReason == nil { self.step = step }
+            return cancelReason
+        }
         if let reason { step.cancel(reason: reason) }
     }
 
     /// The output was cancelled: cancels the step in flight, and any that starts later.
     func cancel(reason: any Error) {
-        lock.lock()
-        cancelReason = reason
-        let step = self.step
-        self.step = nil
-        lock.unlock()
+        let step: AnyPromise? = withLock {
+            cancelReason = reason
+            defer { self.step = nil }
+            return self.step
+        }
         step?.cancel(reason: reason)
     }
 }

@@ -1,34 +1,4 @@
-import Foundation
 // Bridging completion-handler APIs.
-
-/// The error `Promise.wrap` reports when a `(value?, error?)` callback gets neither.
-public enum PromiseWrapError: Error, Sendable {
-    /// The completion handler was called with `nil` for both the value and the error.
-    case neitherValueNorError
-}
-
-extension PromiseWrapError: CustomStringConvertible, LocalizedError {
-    /// The error as a sentence, for logs.
-    ///
-    /// ```swift
-    /// print(PromiseWrapError.neitherValueNorError)
-    /// // the wrapped completion handler was called with neither a value nor an error
-    /// ```
-    public var description: String {
-        switch self {
-        case .neitherValueNorError:
-            return "the wrapped completion handler was called with neither a value nor an error"
-        }
-    }
-
-    /// The same sentence as `description`, for `localizedDescription`.
-    ///
-    /// ```swift
-    /// let error: any Error = PromiseWrapError.neitherValueNorError
-    /// print(error.localizedDescription)   // the sentence
-    /// ```
-    public var errorDescription: String? { description }
-}
 
 extension Promise {
     /// Wraps an API that reports a `Result` to a completion handler.

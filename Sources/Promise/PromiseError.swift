@@ -1,4 +1,19 @@
+// Promise imports nothing of Foundation's family unless a package trait asks for it (see
+// Package.swift). `Foundation`, on by default, brings `LocalizedError` with Foundation
+// (which also gives `OperationQueue` its context conformance). `FoundationEssentials`
+// brings `LocalizedError` alone, from FoundationEssentials, for a server that links it
+// anyway (from Foundation on Apple's SDKs, which have no separate FoundationEssentials and
+// whose Foundation is the system's, costing a binary nothing). With neither, as a
+// statically linked server builds it, the errors still describe themselves
+// (`CustomStringConvertible`, `errorDescription`); `LocalizedError` would cost such a
+// binary about 11 MB of FoundationEssentials.
+#if Foundation
 import Foundation
+#elseif FoundationEssentials && canImport(FoundationEssentials)
+import FoundationEssentials
+#elseif FoundationEssentials
+import Foundation
+#endif
 
 /// Errors the library itself produces. Each describes itself in a sentence, for logs:
 /// `String(describing:)`, `localizedDescription` and `errorDescription` all give it.
@@ -52,7 +67,7 @@ public enum PromiseError: Error, Sendable {
     case invalidArgument(String)
 }
 
-extension PromiseError: CustomStringConvertible, LocalizedError {
+extension PromiseError: CustomStringConvertible {
     /// The error as a sentence, e.g. "every input was rejected (3 errors: ...)".
     ///
     /// ```swift
@@ -88,3 +103,38 @@ extension PromiseError: CustomStringConvertible, LocalizedError {
     /// ```
     public var errorDescription: String? { description }
 }
+
+/// The error `Promise.wrap` reports when a `(value?, error?)` callback gets neither.
+public enum PromiseWrapError: Error, Sendable {
+    /// The completion handler was called with `nil` for both the value and the error.
+    case neitherValueNorError
+}
+
+extension PromiseWrapError: CustomStringConvertible {
+    /// The error as a sentence, for logs.
+    ///
+    /// ```swift
+    /// print(PromiseWrapError.neitherValueNorError)
+    /// // the wrapped completion handler was called with neither a value nor an error
+    /// ```
+    public var description: String {
+        switch self {
+        case .neitherValueNorError:
+            return "the wrapped completion handler was called with neither a value nor an error"
+        }
+    }
+
+    /// The same sentence as `description`, for `localizedDescription`.
+    ///
+    /// ```swift
+    /// let error: any Error = PromiseWrapError.neitherValueNorError
+    /// print(error.localizedDescription)   // the sentence
+    /// ```
+    public var errorDescription: String? { description }
+}
+
+#if Foundation || FoundationEssentials
+// `errorDescription` (above) is the witness: `localizedDescription` gives the sentence.
+extension PromiseError: LocalizedError {}
+extension PromiseWrapError: LocalizedError {}
+#endif

@@ -121,9 +121,7 @@ final class RareState: @unchecked Sendable {
     private func withLock<T>(_ body: () -> T) -> T {
         let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<(node: pc_node, lock: UInt)>.offset(of: \.lock)!)
             .assumingMemoryBound(to: UInt.self)
-        _ = lockWord(word)
-        defer { unlockWord(word, 0) }
-        return body()
+        return withWordLock(word, body)
     }
 
     /// Appends `entry`, and registers the list's node on `promise` the first time.

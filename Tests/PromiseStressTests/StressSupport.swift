@@ -423,11 +423,16 @@ enum ContextKind: Int, CaseIterable, Sendable, CustomStringConvertible {
 
     static let serialQueue = DispatchQueue(label: "PromiseStressTests.serial")
     static let concurrentQueue = DispatchQueue(label: "PromiseStressTests.concurrent", attributes: .concurrent)
+    #if Foundation  // the package trait, on by default
     static let operationQueue: OperationQueue = {
         let queue = OperationQueue()
         queue.maxConcurrentOperationCount = 2
         return queue
     }()
+    #else
+    // Without the trait: a queue of the same width in its place.
+    static let operationQueue = DispatchQueue(label: "PromiseStressTests.operations", attributes: .concurrent)
+    #endif
 
     var context: any ExecutionContext {
         switch self {
@@ -473,7 +478,11 @@ func pumpMainRunLoop(timeout: TimeInterval = StressConfiguration.roundTimeout,
 func drainContexts() {
     ContextKind.serialQueue.sync {}
     ContextKind.concurrentQueue.sync(flags: .barrier) {}
+    #if Foundation
     ContextKind.operationQueue.waitUntilAllOperationsAreFinished()
+    #else
+    ContextKind.operationQueue.sync(flags: .barrier) {}
+    #endif
     _ = pumpMainRunLoop(timeout: 0.05) { false }
 }
 

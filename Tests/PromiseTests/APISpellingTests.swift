@@ -149,7 +149,11 @@ final class APISpellingTests: XCTestCase {
     func testExecutionContexts() throws {
         let p = Promise(value: 1)
         let queue = DispatchQueue(label: "PromiseTests.spelling", attributes: .concurrent)
+        #if Foundation  // the package trait, on by default
         let operationQueue = OperationQueue()
+        #else
+        let operationQueue = DispatchQueue(label: "PromiseTests.no-operation-queue")  // stand-in
+        #endif
         let myContext = MyContext()
 
         let a = p.then(on: .default) { $0 + 1 }

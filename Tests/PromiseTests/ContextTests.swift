@@ -8,16 +8,18 @@ final class ContextTests: XCTestCase {
 
     /// Every context except `.immediate` (and `.main`, tested on its own below).
     private func asyncContexts() -> [(name: String, context: any ExecutionContext)] {
-        let operationQueue = OperationQueue()
-        return [
+        var contexts: [(name: String, context: any ExecutionContext)] = [
             ("default", .default),
             ("serial queue", DispatchQueue(label: "PromiseTests.serial")),
             ("concurrent queue", DispatchQueue(label: "PromiseTests.concurrent", attributes: .concurrent)),
             (".concurrent(queue)", .concurrent(DispatchQueue(label: "PromiseTests.concurrent2", attributes: .concurrent))),
             ("global queue", DispatchQueue.global()),
-            ("operation queue", operationQueue),
             ("custom context", CountingContext()),
         ]
+        #if Foundation  // the package trait, on by default
+        contexts.append(("operation queue", OperationQueue()))
+        #endif
+        return contexts
     }
 
     // MARK: No Zalgo
@@ -312,6 +314,7 @@ final class ContextTests: XCTestCase {
 
     // MARK: OperationQueue, custom contexts
 
+    #if Foundation  // the package trait, on by default
     func testOperationQueueRunsHandler() {
         let operationQueue = OperationQueue()
         operationQueue.maxConcurrentOperationCount = 1
@@ -323,6 +326,7 @@ final class ContextTests: XCTestCase {
         XCTAssertEqual(value(child), 4)
         XCTAssertTrue(ranOnQueue.isSet, "handler did not run on the operation queue")
     }
+    #endif
 
     func testCustomContextRunsEveryHandlerThroughExecuteOnce() {
         let context = CountingContext()
