@@ -87,7 +87,7 @@ demo: deps
 
 clean:
 	@echo "==> clean"
-	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build IntegrationTests/ServerConsumer/.build .build-api
+	rm -rf $(BUILD_DIR) Examples/.build Examples/Docs/.build IntegrationTests/Consumer/.build IntegrationTests/NIOConsumer/.build IntegrationTests/ServerConsumer/.build IntegrationTests/Misuse/.build .build-api
 
 # ---- 32-bit targets (watchOS's arm64_32 among them) ---------------------------------------
 

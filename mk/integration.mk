@@ -9,7 +9,9 @@
 #                       NIOConsumer  PromiseNIO, with the SwiftNIO package trait
 #                     then the server way (check-server-size.sh): ServerConsumer, Promise
 #                     with no trait, linked statically: no Foundation module in it, and
-#                     its size beside a Dispatch-only program (gated: SERVER_SIZE_LIMIT_KB)
+#                     its size beside a Dispatch-only program (gated: SERVER_SIZE_LIMIT_KB);
+#                     and Misuse (check-misuse.sh): code the compiler must reject, such as
+#                     wait() from async code
 #   make api-check    compares the public symbols of Promise and PromiseNIO with
 #                     Scripts/public-api.txt and Scripts/public-api-PromiseNIO.txt
 #   make api-update   rewrites both lists after an intended API change
@@ -24,6 +26,7 @@ integration: deps
 	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-consumers.sh path
 	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-consumers.sh git
 	SWIFT="$(SWIFT)" SWIFT_WARN="$(SWIFT_WARN)" BUILD_DIR="$(BUILD_DIR)" bash IntegrationTests/check-server-size.sh
+	SWIFT="$(SWIFT)" bash IntegrationTests/check-misuse.sh
 
 api-check: deps
 	@echo "==> api-check: public symbols of Promise and PromiseNIO vs Scripts/public-api*.txt"
@@ -36,4 +39,4 @@ api-update: deps
 	@SWIFT="$(SWIFT)" API_MODULE=PromiseNIO $(PYTHON) Scripts/check-public-api.py --update
 
 clean-integration:
-	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build IntegrationTests/ServerConsumer/.build $(BUILD_DIR)/integration-git .build-api
+	rm -rf $(CONSUMER_DIR)/.build IntegrationTests/NIOConsumer/.build IntegrationTests/ServerConsumer/.build IntegrationTests/Misuse/.build $(BUILD_DIR)/integration-git .build-api

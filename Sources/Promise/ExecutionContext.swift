@@ -107,6 +107,9 @@ extension ExecutionContext where Self == ConcurrentQueueContext {
 /// A `DispatchQueue` runs handlers with a barrier: on a serial queue that is plain FIFO,
 /// on a concurrent queue it keeps handlers from overlapping each other and anything
 /// else on the queue (RXPromise's rule). Use `.concurrent(queue)` to opt out.
+///
+/// Not on the global queues: Dispatch ignores barriers on `DispatchQueue.global()`, so
+/// handlers there may overlap, in any order. Create a queue for the barrier rule.
 extension DispatchQueue: ExecutionContext {
     /// Runs `work` on the queue as a barrier block.
     @inlinable

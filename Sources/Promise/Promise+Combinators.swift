@@ -90,10 +90,15 @@ extension Promise {
     /// let answer = Promise.race([query(primary), query(replica)])
     /// ```
     ///
-    /// `race([])` stays pending, as in JavaScript.
+    /// `race([])` rejects at once with `PromiseError.invalidArgument`: a race nobody can
+    /// win would leave its caller waiting for ever (JavaScript's stays pending; PromiseKit's
+    /// rejects with `badInput`, and so does this one).
     public static func race(_ promises: [Promise<Value>]) -> Promise<Value> {
+        guard !promises.isEmpty else {
+            return Promise(error: PromiseError.invalidArgument(
+                "Promise.race needs at least one promise, and was given none: nothing could ever settle it"))
+        }
         let output = Promise<Value>()
-        guard !promises.isEmpty else { return output }
         return aggregate(promises, into: output, countdown: promises.count) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))

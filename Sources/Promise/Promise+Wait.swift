@@ -13,6 +13,10 @@ extension Promise {
     /// once; a pending one parks the thread on a semaphore that an observer signals.
     /// Never wait inside a handler for work that needs the same thread or queue (an
     /// `.immediate` handler, a serial queue the promise settles on): it deadlocks.
+    ///
+    /// Unavailable from async code (`noasync`, as SwiftNIO's `wait()`): it would block one
+    /// of the few threads Swift concurrency runs every Task on. There, `await p.value`.
+    @available(*, noasync, message: "wait() blocks a thread of Swift concurrency's pool; use 'await promise.value'")
     public func wait() throws -> Value {
         try awaitResult(deadline: .distantFuture).get()
     }
@@ -24,6 +28,9 @@ extension Promise {
     /// ```swift
     /// let page = try fetch(url).wait(timeout: .seconds(1))
     /// ```
+    ///
+    /// Unavailable from async code, as `wait()` is.
+    @available(*, noasync, message: "wait(timeout:) blocks a thread of Swift concurrency's pool; use 'await promise.value'")
     public func wait(timeout: Duration) throws -> Value {
         try awaitResult(deadline: timeout.dispatchDeadline).get()
     }

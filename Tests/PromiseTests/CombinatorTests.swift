@@ -210,8 +210,17 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try second.wait(timeout: .seconds(10)), 7)
     }
 
-    func testRaceOfNothingStaysPending() {
-        XCTAssertTrue(Promise<Int>.race([]).isPending)
+    func testRaceOfNothingRejectsAtOnceWithInvalidArgument() {
+        let race = Promise<Int>.race([])
+        XCTAssertTrue(race.isRejected, "a race nobody can win must not stay pending")
+        var failure: (any Error)?
+        XCTAssertThrowsError(try race.wait(timeout: .zero)) { failure = $0 }
+        guard case PromiseError.invalidArgument(let explanation)? = failure as? PromiseError else {
+            return XCTFail("race([]) should reject with invalidArgument, got \(race.state)")
+        }
+        XCTAssertTrue(explanation.contains("Promise.race"), explanation)
+        XCTAssertEqual(String(describing: PromiseError.invalidArgument(explanation)),
+                       "invalid argument: Promise.race needs at least one promise, and was given none: nothing could ever settle it")
     }
 
     func testRaceWithInputsSettledConcurrentlyHasExactlyOneWinner() throws {

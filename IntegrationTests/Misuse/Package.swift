@@ -1,0 +1,24 @@
+// swift-tools-version:6.0
+//
+// Code that must not compile: each target misuses Promise in a way the compiler is meant
+// to reject, and `make integration` (check-misuse.sh) fails if one of them builds, or fails
+// for another reason than the one expected.
+//
+//   wait-in-async  `wait()` from async code: it would block a thread of Swift
+//                  concurrency's pool, so it is `noasync` (as SwiftNIO's `wait()`)
+import PackageDescription
+
+let package = Package(
+    name: "PromiseMisuse",
+    platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
+    dependencies: [
+        .package(name: "Promise", path: "../.."),
+    ],
+    targets: [
+        .executableTarget(
+            name: "wait-in-async",
+            dependencies: [.product(name: "Promise", package: "Promise")]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
