@@ -1,4 +1,5 @@
-// Combinators that run user work one step at a time: `sequence` and `retry`.
+// Combinators that run user work one step at a time: `sequence` here, `retry` in
+// Promise+Retry.swift; both wait for one step at a time (`StepInFlight`).
 
 /// The step a `sequence` or `retry` waits for: the one promise a cancel of the output must
 /// reach. One per run, registered once with the output's `onCancel`, so a run of any
@@ -98,71 +99,6 @@ extension Promise {
             }
         }
         step(0)
-        return output
-    }
-
-    /// Calls `body` until the promise it returns fulfils, at most `attempts` times in
-    /// all, waiting `delay` between attempts; rejects with the last error.
-    ///
-    /// ```swift
-    /// let config = Promise.retry(attempts: 3, delay: .milliseconds(10)) { fetchConfig() }
-    /// ```
-    ///
-    /// Cancelling the result cancels the attempt in flight (or the pause between two
-    /// attempts, whose timer then lets go of the run) and starts no other. A cancelled
-    /// attempt is not retried. The run holds only the attempt in flight.
-    ///
-    /// `attempts` below 1 (a count that came from configuration, say) calls `body` never
-    /// and returns a promise rejected with `PromiseError.invalidArgument`, which names it.
-    ///
-    /// Threading: `body` runs on `context`.
-    public static func retry(
-        attempts: Int,
-        delay: Duration = .zero,
-        on context: any ExecutionContext = .default,
-        _ body: @escaping @Sendable () throws -> Promise<Value>
-    ) -> Promise<Value> {
-        guard attempts >= 1 else {
-            return Promise(error: PromiseError.invalidArgument(
-                "Promise.retry needs at least one attempt, and was given \(attempts)"))
-        }
-        let output = Promise<Value>()
-        let inFlight = StepInFlight()
-        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
-
-        @Sendable func attempt(_ number: Int) {
-            context.execute {
-                guard output.isPending else { return }  // cancelled: no more attempts
-                let current: Promise<Value>
-                do {
-                    current = try body()
-                } catch {
-                    current = Promise(error: error)
-                }
-                inFlight.start(current)
-                // `current` weakly: its own observer must not keep it alive (a cycle while it
-                // is pending); when this runs, its firing holds it.
-                current.whenComplete(on: .immediate) { [weak current] result in
-                    switch result {
-                    case .success(let value):
-                        output.fulfill(value)
-                    case .failure(let error):
-                        if number >= attempts || current?.isCancelled == true {
-                            output.reject(error)
-                        } else if delay <= .zero {
-                            attempt(number + 1)
-                        } else {
-                            // The pause is the step in flight: cancelling the output
-                            // cancels its timer, which lets go of the run at once.
-                            let pause = Promise<Void>.after(delay)
-                            inFlight.start(pause)
-                            pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
-                        }
-                    }
-                }
-            }
-        }
-        attempt(1)
         return output
     }
 }

@@ -15,8 +15,13 @@ extension Duration {
     }
 }
 
-/// A timer that holds no thread: `work` runs once on a global queue after `interval`,
-/// unless cancelled first. `cancel` is thread-safe.
+/// A timer that holds no thread: `work` runs once after its deadline, unless cancelled
+/// first. `cancel` is thread-safe.
+///
+/// Two kinds, one behaviour. By default (`after`, `delay`, `timeout` and `retry` without a
+/// `clock:`) a `DispatchWorkItem` on a global queue, as before clocks could be passed: that
+/// path costs what it always did. With a `clock:`, a Task that sleeps on that clock (so a
+/// test's manual clock drives it without sleeping), and whose cancel ends the sleep.
 ///
 /// `work` (and what it captures: the promise to settle, `delay`'s value) sits in a box
 /// that the first of the deadline and `cancel` empties, elected with one CAS (`pc_once`),
@@ -25,20 +30,44 @@ extension Duration {
 /// `delay` output, and its value, alive that long. The block here holds only the box.
 /// (It still wakes a thread at the deadline to find nothing to do: Dispatch cannot take a
 /// scheduled block back. PromiseNIO's `timeout(_:on:)` schedules on an event loop, which
-/// can.)
+/// can; so does a clock's Task, which a cancel wakes at once.)
 struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Sendable on Linux
-    private let item: DispatchWorkItem
+    private enum Handle {
+        case dispatch(DispatchWorkItem)
+        case task(Task<Void, Never>)
+    }
+
+    private let handle: Handle
     private let box: TimerWork
 
+    /// On Dispatch: `work` runs on a global queue `interval` from now.
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
         let box = TimerWork(work)
         self.box = box
-        item = DispatchWorkItem { box.take()?() }
+        let item = DispatchWorkItem { box.take()?() }
+        handle = .dispatch(item)
         DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
     }
 
+    /// On `clock`: `work` runs once `clock` reaches `deadline` (at once if it has).
+    init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void) {
+        let box = TimerWork(work)
+        self.box = box
+        handle = .task(Task {
+            do {
+                try await clock.sleep(until: deadline, tolerance: nil)
+            } catch {
+                return  // cancelled: the box was emptied by `cancel`
+            }
+            box.take()?()
+        })
+    }
+
     func cancel() {
-        item.cancel()
+        switch handle {
+        case .dispatch(let item): item.cancel()
+        case .task(let task): task.cancel()
+        }
         _ = box.take()
     }
 }
@@ -74,16 +103,31 @@ extension Promise where Value == Void {
     ///
     /// Cancelling it cancels the timer.
     public static func after(_ interval: Duration) -> Promise<Void> {
-        .fulfilling((), after: interval)
+        .fulfilling(()) { PromiseTimer(after: interval, $0) }
+    }
+
+    /// A promise fulfilled once `interval` has passed on `clock`: a test passes a clock it
+    /// advances by hand, and the promise fulfils without anyone sleeping.
+    ///
+    /// ```swift
+    /// Promise.after(.seconds(30), clock: testClock)   // fulfils when testClock is advanced
+    /// ```
+    ///
+    /// Cancelling it cancels the timer (the Task sleeping on the clock).
+    public static func after(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Void> {
+        .fulfilling(()) { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
     }
 }
 
 extension Promise {
-    /// A promise fulfilled with `value` after `interval`; settling it first (a cancel,
-    /// or a resolver from outside) cancels the timer.
-    static func fulfilling(_ value: Value, after interval: Duration) -> Promise<Value> {
+    /// A promise fulfilled with `value` when the timer `startTimer` starts fires; settling
+    /// it first (a cancel, or a resolver from outside) cancels the timer.
+    static func fulfilling(
+        _ value: Value,
+        startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
+    ) -> Promise<Value> {
         let promise = Promise<Value>()
-        let timer = PromiseTimer(after: interval) { promise.fulfill(value) }
+        let timer = startTimer { promise.fulfill(value) }
         promise.whenComplete(on: .immediate) { _ in timer.cancel() }
         return promise
     }
@@ -99,8 +143,24 @@ extension Promise {
     /// may still settle it (an outside `reject` before the time is up wins, and the timer
     /// then does nothing). Cancelling or settling it stops its timer (never the receiver).
     public func delay(_ interval: Duration) -> Promise<Value> {
+        delay { PromiseTimer(after: interval, $0) }
+    }
+
+    /// `delay(_:)` timed on `clock`: the interval starts when this promise fulfils, at that
+    /// moment's `clock.now`.
+    ///
+    /// ```swift
+    /// let debounced = query.delay(.milliseconds(300), clock: testClock)
+    /// ```
+    public func delay(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
+        delay { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
+    }
+
+    private func delay(
+        startingTimer startTimer: @escaping @Sendable (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
+    ) -> Promise<Value> {
         Promise(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
-            let timer = PromiseTimer(after: interval) { child.fulfill(value) }
+            let timer = startTimer { child.fulfill(value) }
             child.whenComplete(on: .immediate) { _ in timer.cancel() }
         })
     }
@@ -123,6 +183,44 @@ extension Promise {
     /// Tasks waiting on this promise woke: a `wait()` on this promise may return while the
     /// child, made earlier, is still pending for an instant.
     public func timeout(_ interval: Duration) -> Promise<Value> {
+        timeout { PromiseTimer(after: interval, $0) }
+    }
+
+    /// `timeout(_:)` timed on `clock`.
+    ///
+    /// ```swift
+    /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
+    /// ```
+    public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
+        timeout { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
+    }
+
+    /// A child that settles as this promise does, unless `deadline` comes first: then it
+    /// rejects with `PromiseError.timedOut`. One deadline for a whole request, however many
+    /// steps it takes, instead of a relative timeout recomputed at each step; a deadline
+    /// already past rejects the child at once (unless this promise had settled).
+    ///
+    /// ```swift
+    /// let deadline = ContinuousClock.now + .seconds(2)
+    /// let user = fetchUser(id).timeout(until: deadline)
+    /// let cart = user.then { fetchCart(for: $0) }.timeout(until: deadline)
+    /// ```
+    ///
+    /// Timed on Dispatch, as `timeout(_:)`; see `timeout(_:)` for what the child keeps.
+    public func timeout(until deadline: ContinuousClock.Instant) -> Promise<Value> {
+        timeout { PromiseTimer(after: ContinuousClock.now.duration(to: deadline), $0) }
+    }
+
+    /// `timeout(until:)` with a deadline on `clock`.
+    ///
+    /// ```swift
+    /// let user = fetchUser(id).timeout(until: testClock.now.advanced(by: .seconds(2)), clock: testClock)
+    /// ```
+    public func timeout<C: Clock>(until deadline: C.Instant, clock: C) -> Promise<Value> where C.Duration == Duration {
+        timeout { PromiseTimer(at: deadline, on: clock, $0) }
+    }
+
+    private func timeout(startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
         let child = Promise(linkedTo: self)
         let follower = TimeoutFollower(child: child)
         let list = rareState
@@ -130,7 +228,7 @@ extension Promise {
             child.adoptOutcome(of: self, lookingAbove: self)  // settled already: the child is too
             return child
         }
-        let timer = PromiseTimer(after: interval) { child.reject(PromiseError.timedOut) }
+        let timer = startTimer { child.reject(PromiseError.timedOut) }
         child.whenComplete(on: .immediate) { _ in
             timer.cancel()
             _ = list.remove(follower)

@@ -1,0 +1,252 @@
+// `retry`: attempts, the pause between them (`RetryBackoff`), and which errors are worth
+// another attempt.
+
+/// How long `Promise.retry` pauses before each new attempt: a fixed delay, or one that
+/// grows exponentially up to a cap, each optionally spread by jitter so that many clients
+/// failing together do not retry together.
+///
+/// ```swift
+/// let config = Promise.retry(
+///     attempts: 5,
+///     backoff: .exponential(initial: .milliseconds(100), maximum: .seconds(2), jitter: 0.5)
+/// ) { fetchConfig() }
+/// ```
+///
+/// The values may come from configuration: `retry` checks them and rejects with
+/// `PromiseError.invalidArgument` (saying which value and why) instead of trapping.
+public struct RetryBackoff: Sendable, Equatable {
+    /// The pause before the second attempt.
+    ///
+    /// ```swift
+    /// RetryBackoff.exponential(initial: .milliseconds(100), maximum: .seconds(1)).initial   // 0.1 seconds
+    /// ```
+    public let initial: Duration
+    /// Each pause is the previous one times this (1 for a fixed delay).
+    ///
+    /// ```swift
+    /// RetryBackoff.fixed(.seconds(1)).multiplier   // 1.0
+    /// ```
+    public let multiplier: Double
+    /// No pause is longer than this (before jitter).
+    ///
+    /// ```swift
+    /// // 1 s, 2 s, 4 s, 5 s, 5 s...
+    /// RetryBackoff.exponential(initial: .seconds(1), maximum: .seconds(5)).maximum   // 5.0 seconds
+    /// ```
+    public let maximum: Duration
+    /// The share of each pause that is random, from 0 (none) to 1 ("full jitter"): a pause
+    /// `d` becomes a uniform draw from `d * (1 - jitter) ... d`.
+    ///
+    /// ```swift
+    /// RetryBackoff.fixed(.seconds(2), jitter: 0.5)   // each pause between 1 s and 2 s
+    /// ```
+    public let jitter: Double
+
+    /// The same pause `delay` before every new attempt (`.zero`: retry at once), spread by
+    /// `jitter` (see `jitter`).
+    ///
+    /// ```swift
+    /// Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10))) { ping() }
+    /// ```
+    public static func fixed(_ delay: Duration, jitter: Double = 0) -> RetryBackoff {
+        RetryBackoff(initial: delay, multiplier: 1, maximum: delay, jitter: jitter)
+    }
+
+    /// Pauses of `initial`, `initial * multiplier`, `initial * multiplier²`... up to
+    /// `maximum`, each spread by `jitter` (see `jitter`).
+    ///
+    /// ```swift
+    /// // 100 ms, 200 ms, 400 ms, 800 ms, 1 s, 1 s...; each one 50 to 100 % of that
+    /// RetryBackoff.exponential(initial: .milliseconds(100), maximum: .seconds(1), jitter: 0.5)
+    /// ```
+    public static func exponential(
+        initial: Duration,
+        multiplier: Double = 2,
+        maximum: Duration,
+        jitter: Double = 0
+    ) -> RetryBackoff {
+        RetryBackoff(initial: initial, multiplier: multiplier, maximum: maximum, jitter: jitter)
+    }
+
+    /// What is wrong with these values, as the sentence of an `invalidArgument`; nil if
+    /// nothing.
+    var problem: String? {
+        if initial < .zero { return "the first pause (\(initial)) is negative" }
+        if maximum < initial { return "the longest pause (\(maximum)) is shorter than the first (\(initial))" }
+        if !(multiplier >= 1) || !multiplier.isFinite {
+            return "the multiplier (\(multiplier)) must be a finite number of at least 1"
+        }
+        if !(0...1).contains(jitter) { return "the jitter (\(jitter)) must be between 0 and 1" }
+        return nil
+    }
+
+    /// The pause before attempt `attempt + 1`, after `attempt` (from 1) failed, before
+    /// jitter. Computed in floating point, so that a large attempt number or multiplier
+    /// reaches the cap instead of overflowing.
+    func pause(afterAttempt attempt: Int) -> Duration {
+        guard multiplier > 1, attempt > 1, initial > .zero, initial < maximum else { return initial }
+        let seconds = initial.inSeconds * power(multiplier, attempt - 1)
+        guard seconds < maximum.inSeconds else { return maximum }
+        // Whole nanoseconds (Dispatch's resolution): 0.1 s * 3 is 0.3 s, not 0.30000000000000004.
+        return .nanoseconds(Int64((seconds * 1e9).rounded()))
+    }
+
+    /// `pause(afterAttempt:)` with the jitter drawn from `random`.
+    func pause(afterAttempt attempt: Int, using random: inout some RandomNumberGenerator) -> Duration {
+        let pause = self.pause(afterAttempt: attempt)
+        guard jitter > 0, pause > .zero else { return pause }
+        return pause * (1 - jitter * Double.random(in: 0...1, using: &random))
+    }
+}
+
+extension Duration {
+    /// The duration in seconds, as a floating-point number.
+    fileprivate var inSeconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) * 1e-18
+    }
+}
+
+/// `base` to the power `exponent` (at least 0), by squaring: `pow` would need Foundation
+/// or the C library. Overflows to infinity, which the cap then replaces.
+private func power(_ base: Double, _ exponent: Int) -> Double {
+    var result = 1.0, factor = base, remaining = exponent
+    while remaining > 0 {
+        if remaining & 1 == 1 { result *= factor }
+        factor *= factor
+        remaining >>= 1
+    }
+    return result
+}
+
+extension Promise {
+    /// Calls `body` until the promise it returns fulfils, at most `attempts` times in
+    /// all, waiting `delay` between attempts; rejects with the last error.
+    ///
+    /// ```swift
+    /// let config = Promise.retry(attempts: 3, delay: .milliseconds(10)) { fetchConfig() }
+    /// ```
+    ///
+    /// `retry(attempts:backoff:clock:on:shouldRetry:_:)` with `.fixed(delay)`, every error
+    /// retried, timed on Dispatch.
+    public static func retry(
+        attempts: Int,
+        delay: Duration = .zero,
+        on context: any ExecutionContext = .default,
+        _ body: @escaping @Sendable () throws -> Promise<Value>
+    ) -> Promise<Value> {
+        retry(attempts: attempts, backoff: .fixed(delay), on: context, shouldRetry: nil,
+              pause: { Promise<Void>.after($0) }, body)
+    }
+
+    /// Calls `body` until the promise it returns fulfils, at most `attempts` times in
+    /// all, pausing as `backoff` says between attempts; rejects with the last error, or at
+    /// once with an error `shouldRetry` declines.
+    ///
+    /// ```swift
+    /// let order = Promise.retry(
+    ///     attempts: 4,
+    ///     backoff: .exponential(initial: .milliseconds(50), maximum: .seconds(1), jitter: 1),
+    ///     shouldRetry: { ($0 as? HTTPError)?.isTransient ?? false }
+    /// ) { placeOrder() }
+    /// ```
+    ///
+    /// Cancelling the result cancels the attempt in flight (or the pause between two
+    /// attempts, whose timer then lets go of the run) and starts no other. A cancelled
+    /// attempt is not retried. The run holds only the attempt in flight.
+    ///
+    /// `attempts` below 1, or a `backoff` with values out of range (both may come from
+    /// configuration), call `body` never and return a promise rejected with
+    /// `PromiseError.invalidArgument`, which says what was wrong.
+    ///
+    /// Threading: `body` runs on `context`; `shouldRetry` on the thread that settled the
+    /// failed attempt. The pauses are timed on `clock` when one is given (a test passes a
+    /// clock it advances by hand), on Dispatch otherwise.
+    public static func retry<C: Clock>(
+        attempts: Int,
+        backoff: RetryBackoff,
+        clock: C,
+        on context: any ExecutionContext = .default,
+        shouldRetry: (@Sendable (any Error) -> Bool)? = nil,
+        _ body: @escaping @Sendable () throws -> Promise<Value>
+    ) -> Promise<Value> where C.Duration == Duration {
+        retry(attempts: attempts, backoff: backoff, on: context, shouldRetry: shouldRetry,
+              pause: { Promise<Void>.after($0, clock: clock) }, body)
+    }
+
+    /// `retry(attempts:backoff:clock:on:shouldRetry:_:)` with its pauses timed on Dispatch.
+    ///
+    /// ```swift
+    /// Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10)), shouldRetry: { !($0 is AuthError) }) {
+    ///     fetchConfig()
+    /// }
+    /// ```
+    public static func retry(
+        attempts: Int,
+        backoff: RetryBackoff,
+        on context: any ExecutionContext = .default,
+        shouldRetry: (@Sendable (any Error) -> Bool)? = nil,
+        _ body: @escaping @Sendable () throws -> Promise<Value>
+    ) -> Promise<Value> {
+        retry(attempts: attempts, backoff: backoff, on: context, shouldRetry: shouldRetry,
+              pause: { Promise<Void>.after($0) }, body)
+    }
+
+    private static func retry(
+        attempts: Int,
+        backoff: RetryBackoff,
+        on context: any ExecutionContext,
+        shouldRetry: (@Sendable (any Error) -> Bool)?,
+        pause makePause: @escaping @Sendable (Duration) -> Promise<Void>,
+        _ body: @escaping @Sendable () throws -> Promise<Value>
+    ) -> Promise<Value> {
+        guard attempts >= 1 else {
+            return Promise(error: PromiseError.invalidArgument(
+                "Promise.retry needs at least one attempt, and was given \(attempts)"))
+        }
+        if let problem = backoff.problem {
+            return Promise(error: PromiseError.invalidArgument("Promise.retry's backoff is out of range: \(problem)"))
+        }
+        let output = Promise<Value>()
+        let inFlight = StepInFlight()
+        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
+
+        @Sendable func attempt(_ number: Int) {
+            context.execute {
+                guard output.isPending else { return }  // cancelled: no more attempts
+                let current: Promise<Value>
+                do {
+                    current = try body()
+                } catch {
+                    current = Promise(error: error)
+                }
+                inFlight.start(current)
+                // `current` weakly: its own observer must not keep it alive (a cycle while it
+                // is pending); when this runs, its firing holds it.
+                current.whenComplete(on: .immediate) { [weak current] result in
+                    switch result {
+                    case .success(let value):
+                        output.fulfill(value)
+                    case .failure(let error):
+                        if number >= attempts || current?.isCancelled == true || shouldRetry?(error) == false {
+                            output.reject(error)
+                            return
+                        }
+                        var random = SystemRandomNumberGenerator()
+                        let delay = backoff.pause(afterAttempt: number, using: &random)
+                        if delay <= .zero {
+                            attempt(number + 1)
+                            return
+                        }
+                        // The pause is the step in flight: cancelling the output cancels
+                        // its timer, which lets go of the run at once.
+                        let pause = makePause(delay)
+                        inFlight.start(pause)
+                        pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
+                    }
+                }
+            }
+        }
+        attempt(1)
+        return output
+    }
+}

@@ -1,0 +1,122 @@
+// Timers under the caller's control: `after`, `delay`, `timeout` and `timeout(until:)`
+// on a manual clock, driven without sleeping; deadlines on Dispatch's default path.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+private struct Slow: Error, Equatable {}
+
+final class ClockTests: XCTestCase {
+    private func isTimedOut(_ promise: Promise<Int>) -> Bool {
+        guard promise.isRejected else { return false }
+        do {
+            _ = try promise.wait(timeout: .zero)
+            return false
+        } catch PromiseError.timedOut {
+            return true
+        } catch {
+            return false
+        }
+    }
+
+    func testAfterOnAManualClockFulfilsWhenTheClockGetsThereAndNotBefore() {
+        let clock = ManualClock()
+        let started = ContinuousClock.now
+        let thirtySeconds = Promise.after(.seconds(30), clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1), "after(_:clock:) did not sleep on the clock")
+        clock.advance(by: .seconds(29))
+        XCTAssertEqual(clock.sleeperCount, 1, "woke before its deadline")
+        XCTAssertTrue(thirtySeconds.isPending)
+        clock.advance(by: .seconds(1))
+        XCTAssertTrue(eventually { thirtySeconds.isFulfilled })
+        XCTAssertEqual(clock.askedSleeps, [.seconds(30)])
+        XCTAssertLessThan(started.duration(to: .now), .seconds(10), "a manual clock must not make the test wait")
+    }
+
+    func testCancellingAfterOnAClockEndsItsSleep() {
+        let clock = ManualClock()
+        let timer = Promise.after(.seconds(30), clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        timer.cancel()
+        XCTAssertTrue(clock.waitForSleepers(0), "the cancelled timer's Task still sleeps on the clock")
+        clock.advance(by: .seconds(60))
+        XCTAssertTrue(timer.isCancelled)
+    }
+
+    func testTimeoutOnAClockRejectsWithTimedOutAndLeavesTheReceiverAlone() {
+        let clock = ManualClock()
+        let receiver = Promise<Int>()
+        let child = receiver.timeout(.seconds(30), clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        clock.advance(by: .seconds(30))
+        XCTAssertTrue(eventually { self.isTimedOut(child) }, "timeout(_:clock:) did not reject with timedOut")
+        XCTAssertTrue(receiver.isPending, "the receiver must be untouched")
+    }
+
+    func testTimeoutOnAClockStopsItsTimerWhenTheReceiverSettlesFirst() throws {
+        let clock = ManualClock()
+        let receiver = Promise<Int>()
+        let child = receiver.timeout(.seconds(30), clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        receiver.fulfill(7)
+        XCTAssertEqual(try child.wait(timeout: testTimeout), 7)
+        XCTAssertTrue(clock.waitForSleepers(0), "the timer of a settled timeout child still sleeps")
+    }
+
+    func testDelayOnAClockPassesTheValueOnWhenTheClockGetsThere() throws {
+        let clock = ManualClock()
+        let source = Promise<Int>()
+        let delayed = source.delay(.seconds(5), clock: clock)
+        source.fulfill(3)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        XCTAssertTrue(delayed.isPending)
+        clock.advance(by: .seconds(5))
+        XCTAssertEqual(try delayed.wait(timeout: testTimeout), 3)
+        // A rejection passes on at once, without the clock.
+        let failed = Promise<Int>(error: Slow()).delay(.seconds(5), clock: clock)
+        XCTAssertThrowsError(try failed.wait(timeout: testTimeout)) { XCTAssertEqual($0 as? Slow, Slow()) }
+    }
+
+    func testOneDeadlineForEveryStepOfARequest() throws {
+        let clock = ManualClock()
+        let deadline = clock.now.advanced(by: .seconds(10))
+        let user = Promise<Int>()
+        let userInTime = user.timeout(until: deadline, clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        clock.advance(by: .seconds(4))
+        user.fulfill(1)  // the first step, in time
+        XCTAssertEqual(try userInTime.wait(timeout: testTimeout), 1)
+        XCTAssertTrue(clock.waitForSleepers(0), "the first step's timer still sleeps")
+        // The second step starts at 4 s, with the same deadline: 6 s are left, not 10.
+        let cart = Promise<Int>()
+        let cartInTime = cart.timeout(until: deadline, clock: clock)
+        XCTAssertTrue(clock.waitForSleepers(1))
+        clock.advance(by: .seconds(6))
+        XCTAssertTrue(eventually { self.isTimedOut(cartInTime) }, "the second step outlived the request's deadline: \(cartInTime)")
+        XCTAssertEqual(clock.askedSleeps, [.seconds(10), .seconds(6)])
+        XCTAssertTrue(cart.isPending)
+    }
+
+    func testADeadlineAlreadyPastRejectsAtOnce() {
+        let clock = ManualClock()
+        clock.advance(by: .seconds(5))
+        let receiver = Promise<Int>()  // held: a receiver dropped pending would break the child
+        let late = receiver.timeout(until: clock.now.advanced(by: .seconds(-1)), clock: clock)
+        XCTAssertTrue(eventually { self.isTimedOut(late) }, "\(late)")
+        // On the default path (Dispatch, ContinuousClock instants).
+        let lateOnDispatch = receiver.timeout(until: .now - .seconds(1))
+        XCTAssertTrue(eventually { self.isTimedOut(lateOnDispatch) }, "\(lateOnDispatch)")
+        XCTAssertTrue(receiver.isPending)
+        // A receiver settled already wins over a past deadline.
+        let settled = Promise(value: 2).timeout(until: .now - .seconds(1))
+        XCTAssertEqual(try settled.wait(timeout: testTimeout), 2)
+    }
+
+    func testTimeoutUntilOnDispatchLetsAPromiseInTimeThrough() throws {
+        let receiver = Promise<Int>()
+        let child = receiver.timeout(until: .now + .seconds(60))
+        receiver.fulfill(9)
+        XCTAssertEqual(try child.wait(timeout: testTimeout), 9)
+    }
+}
