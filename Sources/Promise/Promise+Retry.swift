@@ -1,5 +1,5 @@
-// `retry`: attempts, the pause between them (`RetryBackoff`), and which errors are worth
-// another attempt.
+// `retry`: attempts, the pause between them (`RetryBackoff`), which errors are worth
+// another attempt, and the one step in flight a cancel must reach (`StepInFlight`).
 
 /// How long `Promise.retry` pauses before each new attempt: a fixed delay, or one that
 /// grows exponentially up to a cap, each optionally spread by jitter so that many clients
@@ -116,6 +116,46 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
         remaining >>= 1
     }
     return result
+}
+
+/// The step a `retry` waits for (an attempt, or the pause before the next): the one
+/// promise a cancel of the output must reach. One per run, registered once with the output's `onCancel`, so a run of any
+/// length holds nothing of its finished steps. The step is held weakly: the output looks
+/// down at its input, which its own resolver keeps alive (a strong link here would also
+/// close a cycle through the step's observer, which holds the run).
+///
+/// Threading: a spin lock in one word (`withWordLock`), taken once per step and once per
+/// cancel, never around a call out (cold paths: never on the register, settle or fire
+/// path of any promise).
+final class StepInFlight: @unchecked Sendable {
+    // First stored property, so that its address is known without a lookup.
+    private final var lockWord: UInt = 0
+    private weak var step: AnyPromise?
+    private var cancelReason: (any Error)?
+
+    private func withLock<T>(_ body: () -> T) -> T {
+        withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
+    }
+
+    /// Makes `step` the one in flight; cancels it at once if the output was cancelled
+    /// before it started.
+    func start(_ step: AnyPromise) {
+        let reason: (any Error)? = withLock {
+            if cancelReason == nil { self.step = step }
+            return cancelReason
+        }
+        if let reason { step.cancel(reason: reason) }
+    }
+
+    /// The output was cancelled: cancels the step in flight, and any that starts later.
+    func cancel(reason: any Error) {
+        let step: AnyPromise? = withLock {
+            cancelReason = reason
+            defer { self.step = nil }
+            return self.step
+        }
+        step?.cancel(reason: reason)
+    }
 }
 
 extension Promise {

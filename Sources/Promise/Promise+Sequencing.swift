@@ -1,56 +1,184 @@
-// Combinators that run user work one step at a time: `sequence` here, `retry` in
-// Promise+Retry.swift; both wait for one step at a time (`StepInFlight`).
+// Combinators that run user work on inputs a few at a time: `all(_:maxConcurrent:on:_:)`,
+// and `sequence`, which is the same with one at a time. (`retry`, which runs one step at a
+// time too but on no inputs, is in Promise+Retry.swift.)
 
-/// The step a `sequence` or `retry` waits for: the one promise a cancel of the output must
-/// reach. One per run, registered once with the output's `onCancel`, so a run of any
-/// length holds nothing of its finished steps. The step is held weakly: the output looks
-/// down at its input, which its own resolver keeps alive (a strong link here would also
-/// close a cycle through the step's observer, which holds the run).
+/// A run of `work` over inputs, at most `limit` promises in flight, pulling the inputs
+/// lazily: what it holds is bounded by `limit` (the inputs in flight and weak links to
+/// their promises), not by how many inputs there are, except for the results it returns.
 ///
-/// Threading: a spin lock in one word (`withWordLock`), taken once per step and once per
-/// cancel, never around a call out (cold paths: never on the register, settle or fire
-/// path of any promise).
-final class StepInFlight: @unchecked Sendable {
+/// One thread at a time pulls inputs and starts work (`pumping`): a completion while
+/// another thread pumps only hands it a free slot, so an `.immediate` run of a million
+/// settled inputs loops instead of recursing, and the input iterator is only ever used by
+/// the pumping thread, never under the lock. The first error (or a cancel of the output)
+/// stops the pulling and cancels what is in flight.
+///
+/// Threading: a spin lock in one word (`withWordLock`), held for a few field updates,
+/// never around a call out.
+private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendable {
     // First stored property, so that its address is known without a lookup.
     private final var lockWord: UInt = 0
-    private weak var step: AnyPromise?
-    private var cancelReason: (any Error)?
+    // Only the pumping thread touches it. Type-erased: a closure may capture the
+    // metatype of `Input` (Sendable), not that of the caller's sequence type.
+    private var iterator: AnyIterator<Input>
+    private var results: [Value?] = []
+    private var inFlight: [Int: WeakStep] = [:]
+    private var freeSlots: Int
+    private var started = 0
+    private var finished = 0
+    private var pumping = false
+    private var exhausted = false
+    private var stopped = false
+    private let output = Promise<[Value]>()
+    private let context: any ExecutionContext
+    private let work: @Sendable (Input) throws -> Promise<Value>
+
+    private struct WeakStep {
+        weak var promise: AnyPromise?
+    }
+
+    init(_ inputs: some Sequence<Input>, limit: Int, context: any ExecutionContext,
+         work: @escaping @Sendable (Input) throws -> Promise<Value>) {
+        iterator = AnyIterator(inputs.makeIterator())
+        freeSlots = limit
+        self.context = context
+        self.work = work
+    }
 
     private func withLock<T>(_ body: () -> T) -> T {
         withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
     }
 
-    /// Makes `step` the one in flight; cancels it at once if the output was cancelled
-    /// before it started.
-    func start(_ step: AnyPromise) {
-        let reason: (any Error)? = withLock {
-            if cancelReason == nil { self.step = step }
-            return cancelReason
-        }
-        if let reason { step.cancel(reason: reason) }
+    /// Starts the run; the promise of its results.
+    func run() -> Promise<[Value]> {
+        output.onCancel(withReason: { [self] in stop(cancelling: $0) })
+        pump()
+        return output
     }
 
-    /// The output was cancelled: cancels the step in flight, and any that starts later.
-    func cancel(reason: any Error) {
-        let step: AnyPromise? = withLock {
-            cancelReason = reason
-            defer { self.step = nil }
-            return self.step
+    /// Fills the free slots, unless another thread is at it (it will see them).
+    private func pump() {
+        guard withLock({ () -> Bool in
+            if pumping { return false }
+            pumping = true
+            return true
+        }) else { return }
+        while true {
+            let canStart = withLock { () -> Bool in
+                if stopped || exhausted || freeSlots == 0 {
+                    pumping = false
+                    return false
+                }
+                freeSlots -= 1
+                return true
+            }
+            guard canStart else { break }
+            guard let input = iterator.next() else {
+                let done = withLock { () -> Bool in
+                    exhausted = true
+                    pumping = false
+                    return finished == started && !stopped
+                }
+                if done { finish() }
+                break
+            }
+            let index = withLock { () -> Int in
+                results.append(nil)
+                started += 1
+                return started - 1
+            }
+            start(input, at: index)
         }
-        step?.cancel(reason: reason)
     }
-}
 
-/// The values `sequence` has collected. Touched by one step at a time: each step starts
-/// only after the previous one's promise settled, which orders the accesses.
-private final class Collected<Value: Sendable>: @unchecked Sendable {
-    var values: [Value] = []
+    private func start(_ input: Input, at index: Int) {
+        context.execute { [self] in
+            guard output.isPending else { return }  // stopped: start nothing more
+            let step: Promise<Value>
+            do {
+                step = try work(input)
+            } catch {
+                return fail(error)
+            }
+            let stoppedAlready = withLock { () -> Bool in
+                if !stopped { inFlight[index] = WeakStep(promise: step) }
+                return stopped
+            }
+            if stoppedAlready { return step.cancel() }
+            step.whenComplete(on: .immediate) { [self] result in
+                switch result {
+                case .success(let value): complete(index, with: value)
+                case .failure(let error): fail(error)
+                }
+            }
+        }
+    }
+
+    private func complete(_ index: Int, with value: Value) {
+        let done = withLock { () -> Bool in
+            results[index] = value
+            inFlight[index] = nil
+            finished += 1
+            freeSlots += 1
+            return exhausted && finished == started && !stopped
+        }
+        if done { finish() } else { pump() }
+    }
+
+    private func finish() {
+        output.fulfill(withLock { results.map { $0! } })
+    }
+
+    /// The first error: the output rejects with it, and what is in flight is cancelled.
+    private func fail(_ error: any Error) {
+        guard output.reject(error) else { return }
+        stop(cancelling: CancellationError())
+    }
+
+    /// Pulls no more inputs and cancels the steps in flight with `reason`.
+    private func stop(cancelling reason: any Error) {
+        let steps = withLock { () -> [AnyPromise] in
+            stopped = true
+            defer { inFlight = [:] }
+            return inFlight.values.compactMap(\.promise)
+        }
+        for step in steps { step.cancel(reason: reason) }
+    }
 }
 
 extension Promise {
+    /// Runs `work` on each input, at most `maxConcurrent` at a time, and fulfils with the
+    /// values in input order; the first error rejects the result, cancels the work in
+    /// flight and starts no more (PromiseKit's `when(fulfilled:concurrently:)`).
+    ///
+    /// ```swift
+    /// let pages = Promise.all(urls, maxConcurrent: 8) { url in fetch(url) }   // Promise<[Page]>
+    /// ```
+    ///
+    /// The inputs are pulled one by one as slots free up, so a lazy sequence of a million
+    /// inputs holds at most `maxConcurrent` of them (and the results) at a time. Cancelling
+    /// the result cancels the work in flight with the same reason and starts no more.
+    ///
+    /// `maxConcurrent` below 1 (a value from configuration, say) calls `work` never and
+    /// returns a promise rejected with `PromiseError.invalidArgument`, which says so.
+    ///
+    /// Threading: `work` runs on `context`; the inputs are pulled on whichever thread
+    /// finishes a step, one thread at a time.
+    public static func all<Inputs: Sequence>(
+        _ inputs: Inputs,
+        maxConcurrent: Int,
+        on context: any ExecutionContext = .default,
+        _ work: @escaping @Sendable (Inputs.Element) throws -> Promise<Value>
+    ) -> Promise<[Value]> where Inputs.Element: Sendable {
+        guard maxConcurrent >= 1 else {
+            return Promise<[Value]>(error: PromiseError.invalidArgument(
+                "Promise.all needs a maxConcurrent of at least 1, and was given \(maxConcurrent)"))
+        }
+        return FanOut(inputs, limit: maxConcurrent, context: context, work: work).run()
+    }
+
     /// Runs `work` on each input in turn, starting the next step when the previous
     /// promise fulfilled; fulfils with all values in order, or rejects with the first
-    /// error (no later step starts).
+    /// error (no later step starts). `all(_:maxConcurrent:on:_:)` with one at a time.
     ///
     /// ```swift
     /// let uploaded = Promise.sequence(files) { file in upload(file) }   // Promise<[Receipt]>
@@ -65,40 +193,6 @@ extension Promise {
         _ inputs: Inputs,
         _ work: @escaping @Sendable (Inputs.Element) throws -> Promise<Value>
     ) -> Promise<[Value]> where Inputs.Element: Sendable {
-        let items = Array(inputs)
-        let output = Promise<[Value]>()
-        let collected = Collected<Value>()
-        collected.values.reserveCapacity(items.count)
-        let inFlight = StepInFlight()
-        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
-
-        @Sendable func step(_ index: Int) {
-            guard index < items.count else {
-                output.fulfill(collected.values)
-                return
-            }
-            context.execute {
-                guard output.isPending else { return }  // cancelled: start nothing more
-                let current: Promise<Value>
-                do {
-                    current = try work(items[index])
-                } catch {
-                    output.reject(error)
-                    return
-                }
-                inFlight.start(current)
-                current.whenComplete(on: .immediate) { result in
-                    switch result {
-                    case .success(let value):
-                        collected.values.append(value)
-                        step(index + 1)
-                    case .failure(let error):
-                        output.reject(error)
-                    }
-                }
-            }
-        }
-        step(0)
-        return output
+        FanOut(inputs, limit: 1, context: context, work: work).run()
     }
 }

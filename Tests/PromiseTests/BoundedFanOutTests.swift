@@ -1,0 +1,173 @@
+// Bounded fan-out: `Promise.all(_:maxConcurrent:on:_:)` keeps at most n works in flight,
+// returns values in input order, stops and cancels on the first error, and pulls its
+// inputs lazily.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+private struct Boom: Error, Equatable { let input: Int }
+
+/// A sequence that counts how many elements were pulled from it.
+private struct CountedInputs: Sequence {
+    let count: Int
+    let pulled: Counter
+
+    func makeIterator() -> AnyIterator<Int> {
+        var next = 0
+        return AnyIterator { [pulled, count] in
+            guard next < count else { return nil }
+            pulled.increment()
+            defer { next += 1 }
+            return next
+        }
+    }
+}
+
+final class BoundedFanOutTests: XCTestCase {
+    func testAtMostNInFlightAndValuesInInputOrder() throws {
+        let works = Recorder<(input: Int, promise: Promise<Int>)>()
+        let output = Promise<Int>.all(Array(0..<10), maxConcurrent: 3, on: .immediate) { input in
+            let promise = Promise<Int>()
+            works.append((input, promise))
+            return promise
+        }
+        XCTAssertEqual(works.values.map(\.input), [0, 1, 2], "only maxConcurrent works may start")
+        // Finish them out of order: each completion starts exactly one more.
+        works.values[2].promise.fulfill(20)
+        XCTAssertEqual(works.values.count, 4)
+        works.values[0].promise.fulfill(0)
+        works.values[1].promise.fulfill(10)
+        XCTAssertEqual(works.values.count, 6)
+        var next = 3
+        while next < 10 {
+            works.values[next].promise.fulfill(next * 10)
+            next += 1
+        }
+        XCTAssertEqual(try output.wait(timeout: testTimeout), (0..<10).map { $0 * 10 })
+        XCTAssertEqual(works.values.count, 10)
+    }
+
+    func testTheFirstErrorRejectsCancelsWhatIsInFlightAndStartsNothingMore() throws {
+        let works = Recorder<Promise<Int>>()
+        let output = Promise<Int>.all(Array(0..<10), maxConcurrent: 3, on: .immediate) { _ in
+            let promise = Promise<Int>()
+            works.append(promise)
+            return promise
+        }
+        works.values[1].reject(Boom(input: 1))
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout)) { XCTAssertEqual($0 as? Boom, Boom(input: 1)) }
+        XCTAssertTrue(works.values[0].isCancelled, "a work in flight was not cancelled")
+        XCTAssertTrue(works.values[2].isCancelled, "a work in flight was not cancelled")
+        XCTAssertEqual(works.values.count, 3, "a work started after the first error")
+    }
+
+    func testAThrowingWorkRejectsTheResult() {
+        let held = Recorder<Promise<Int>>()  // a work promise dropped pending would break first
+        let output = Promise<Int>.all([1, 2, 3], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
+            if input == 2 { throw Boom(input: 2) }
+            let promise = Promise<Int>()
+            held.append(promise)
+            return promise
+        }
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout)) { XCTAssertEqual($0 as? Boom, Boom(input: 2)) }
+        XCTAssertTrue(held.values[0].isCancelled, "the work in flight was not cancelled")
+        XCTAssertEqual(held.count, 1, "a work started after the first error")
+    }
+
+    func testCancellingTheResultCancelsTheWorkInFlightWithItsReason() {
+        struct Shutdown: Error {}
+        let pulled = Counter()
+        let works = Recorder<Promise<Int>>()
+        let output = Promise<Int>.all(CountedInputs(count: 100, pulled: pulled), maxConcurrent: 4, on: .immediate) { _ in
+            let promise = Promise<Int>()
+            works.append(promise)
+            return promise
+        }
+        output.cancel(reason: Shutdown())
+        XCTAssertEqual(works.values.count, 4)
+        for work in works.values {
+            XCTAssertTrue(work.isCancelled)
+            XCTAssertThrowsError(try work.wait(timeout: testTimeout)) { XCTAssertTrue($0 is Shutdown) }
+        }
+        works.values[0].fulfill(1)  // ignored: cancelled
+        XCTAssertEqual(pulled.value, 4, "inputs were pulled after the cancel")
+    }
+
+    func testInputsArePulledLazilyAsSlotsFreeUp() throws {
+        let pulled = Counter()
+        let works = Recorder<Promise<Int>>()
+        let output = Promise<Int>.all(CountedInputs(count: 1000, pulled: pulled), maxConcurrent: 5, on: .immediate) { input in
+            let promise = Promise<Int>()
+            works.append(promise)
+            return promise
+        }
+        XCTAssertEqual(pulled.value, 5, "inputs were pulled ahead of free slots")
+        works.values[0].fulfill(0)
+        XCTAssertEqual(pulled.value, 6)
+        var index = 1
+        while index < works.values.count {
+            works.values[index].fulfill(index)
+            index += 1
+        }
+        XCTAssertEqual(try output.wait(timeout: testTimeout), Array(0..<1000))
+        XCTAssertEqual(pulled.value, 1000)
+    }
+
+    func testALazyMillionInputsSettledInlineNeitherRecursesNorMaterialises() throws {
+        let inputs = (0..<1_000_000).lazy.map { $0 * 2 }
+        let output = Promise<Int>.all(inputs, maxConcurrent: 4, on: .immediate) { Promise(value: $0 + 1) }
+        let values = try output.wait(timeout: .seconds(60))
+        XCTAssertEqual(values.count, 1_000_000)
+        XCTAssertEqual(values.first, 1)
+        XCTAssertEqual(values.last, 1_999_999)
+    }
+
+    func testAFinishedWorkIsNotKeptByTheRun() throws {
+        let finishedWork = WeakPromise()
+        let second = Promise<Int>()
+        let output = Promise<Int>.all([1, 2], maxConcurrent: 1, on: .immediate) { input -> Promise<Int> in
+            if input == 2 { return second }
+            let work = Promise<Int>()
+            finishedWork.promise = work
+            work.fulfill(1)
+            return work
+        }
+        XCTAssertNil(finishedWork.promise, "a finished work was kept while the run goes on")
+        XCTAssertTrue(output.isPending)
+        second.fulfill(2)
+        XCTAssertEqual(try output.wait(timeout: testTimeout), [1, 2])
+    }
+
+    func testOnAQueueNoMoreThanNRunAtOnce() throws {
+        let tracker = ConcurrencyTracker()
+        let output = Promise<Int>.all(Array(0..<40), maxConcurrent: 3, on: .default) { input in
+            Promise(on: .default) {
+                tracker.enter()
+                defer { tracker.leave() }
+                busyWork(microseconds: 300)
+                return input
+            }
+        }
+        XCTAssertEqual(try output.wait(timeout: testTimeout), Array(0..<40))
+        XCTAssertLessThanOrEqual(tracker.maxConcurrency, 3)
+        XCTAssertEqual(tracker.entries, 40)
+    }
+
+    func testMaxConcurrentBelowOneRejectsWithASentenceAndCallsNothing() {
+        let calls = Counter()
+        for limit in [0, -3] {
+            let output = Promise<Int>.all([1, 2], maxConcurrent: limit) { calls.increment(); return Promise(value: $0) }
+            XCTAssertThrowsError(try output.wait(timeout: testTimeout)) {
+                XCTAssertEqual(String(describing: $0),
+                               "invalid argument: Promise.all needs a maxConcurrent of at least 1, and was given \(limit)")
+            }
+        }
+        XCTAssertEqual(calls.value, 0)
+    }
+
+    func testNoInputsFulfilsAtOnceWithNothing() throws {
+        let output = Promise<Int>.all([Int](), maxConcurrent: 2) { Promise(value: $0) }
+        XCTAssertEqual(try output.wait(timeout: testTimeout), [])
+    }
+}
