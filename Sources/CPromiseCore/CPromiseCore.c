@@ -543,3 +543,9 @@ void pc_word_unlock(uintptr_t *word, uintptr_t value) {
     /* release: pairs with the acquire CAS of the next pc_word_lock (see there). */
     AO_store_release(PC_WORD(word), (AO_t)value);
 }
+
+static uintptr_t pc_diagnostics_handler_word;
+
+uintptr_t *pc_diagnostics_word(void) {
+    return &pc_diagnostics_handler_word;
+}

@@ -134,6 +134,29 @@ public class AnyPromise: @unchecked Sendable {
     /// the claim winner before it publishes; read by descendants after they saw it settled.
     @usableFromInline @exclusivity(unchecked) final var verifiedEpoch: UInt
 
+    #if DEBUG
+    /// Where the promise was made (`PromiseDiagnostics`): debug builds only, so a release
+    /// build's promise has no such field. Written once, before the promise is shared.
+    final var creationSite: PromiseCreationSite?
+
+    @usableFromInline
+    final func recordCreationSite(file: StaticString, line: UInt) {
+        creationSite = PromiseCreationSite(file: file, line: line)
+    }
+    #endif
+
+    /// A root: what `Promise`'s public initialisers call. They are inlinable, so that a
+    /// release build passes them nothing for the creation site it does not record
+    /// (`noteCreationSite`); this one is not (an inlinable designated initialiser here
+    /// crashes Swift 6.3's optimiser), but without `init(parent:)`'s branch it costs the
+    /// client's call what the library's own initialiser did.
+    @usableFromInline
+    init() {
+        assert(CoreLayout.headerChecked)  // debug builds: the object layout CoreLayout assumes
+        isRoot = true
+        verifiedEpoch = AncestorCheck.noAncestors
+    }
+
     /// `parent` is borrowed from the caller, which holds it (`Unmanaged`, so that reading
     /// it costs no retain and release).
     @usableFromInline

@@ -372,10 +372,6 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
-extension AnyPromise {
-
-}
-
 // MARK: The tree flags, the registry, the forwarding epoch and the holds word
 
 /// The bits of a promise's `tree_flags` word (see `pc_registry.h`).
@@ -384,6 +380,7 @@ enum TreeFlag {
     @inlinable static var linked: UInt { UInt(PC_TREE_LINKED) }
     @inlinable static var cancelClaimed: UInt { UInt(PC_TREE_CANCEL_CLAIMED) }
     @inlinable static var cancelPublished: UInt { UInt(PC_TREE_CANCEL_PUBLISHED) }
+    @inlinable static var errorSeen: UInt { UInt(PC_TREE_ERROR_SEEN) }
 }
 
 extension AnyPromise {
@@ -445,6 +442,19 @@ enum ForwardingEpoch {
     static func end() { pc_forwarding_end() }
     /// Read after the claim CAS (acquire).
     static var current: UInt { pc_forwarding_epoch() }
+}
+
+/// The locked word of the diagnostics handler (`pc_diagnostics_word`): 0, or a retained
+/// handler box.
+enum DiagnosticsHandlerWord {
+    /// Whether a handler is set: one acquire load, no lock.
+    static var isSet: Bool { pc_word_load(pc_diagnostics_word()) != 0 }
+
+    /// Under the word's lock: `body` gets the current value and returns the one to store.
+    static func update(_ body: (UInt) -> UInt) {
+        let word = pc_diagnostics_word()
+        pc_word_unlock(word, body(pc_word_lock(word)))
+    }
 }
 
 /// Runs `body` holding the spin lock of `word`, a locked word used as a plain lock (its

@@ -21,7 +21,8 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
         "\(type(of: self))(\(outcomeDescription))"
     }
 
-    /// `description`, plus the promise's address, whether observers are still waiting
+    /// `description`, plus the promise's address, where it was made (debug builds of the
+    /// library record it: see `PromiseDiagnostics`), whether observers are still waiting
     /// for it, and its parent: what to look at when a promise seems stuck.
     ///
     /// ```swift
@@ -47,14 +48,16 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
         } else {
             up = "parent released"
         }
-        return "\(description) at \(addressDescription), \(waiting), \(up)"
+        let made = creationSiteIfRecorded.map { ", made at \($0)" } ?? ""
+        return "\(description) at \(addressDescription)\(made), \(waiting), \(up)"
     }
 
     private var outcomeDescription: String {
         switch publishedTag {
         case UInt(PC_FULFILLED): return "fulfilled: \(describeFulfilledValue())"
-        case UInt(PC_REJECTED): return "rejected: \(failureOrCancellation)"
-        case UInt(PC_CANCELLED): return "cancelled: \(failureOrCancellation)"
+        // `failure` itself: printing a promise does not count as seeing its error.
+        case UInt(PC_REJECTED): return "rejected: \(failure ?? CancellationError())"
+        case UInt(PC_CANCELLED): return "cancelled: \(failure ?? CancellationError())"
         default: return "pending"
         }
     }

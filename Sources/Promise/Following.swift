@@ -178,6 +178,7 @@ extension AnyPromise {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = PromiseError.cycle
+            PromiseDiagnostics.report(.cycle, for: self)
         }
         publishClaimedOutcome()
     }

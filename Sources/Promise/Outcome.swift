@@ -14,6 +14,10 @@ import CPromiseCore
 //                                 enum
 //   failureOrCancellation         an outcome known not to be a value (an aggregate's
 //                                 failed input, a cancelled promise's reason)
+//
+// Every reader of a rejection marks it seen (`noteErrorSeen`, Diagnostics.swift): a
+// rejected promise freed unmarked is an unhandled rejection. Descriptions read `failure`
+// itself, which does not count.
 
 extension AnyPromise {
     /// The error of a rejected or cancelled promise. It has no field of its own: it sits
@@ -36,18 +40,38 @@ extension AnyPromise {
     }
 
     /// Releases the error of a promise whose claim is a failed outcome (deinit only; the
-    /// payload of any other promise is its value's, or untouched zeros).
+    /// payload of any other promise is its value's, or untouched zeros). A rejection that
+    /// no observer read is reported first (`PromiseDiagnostics`: one load when no handler
+    /// is set, and only for rejected promises).
+    @inline(__always)
     final func destroyFailure() {
         let claimed = claimHint
         guard claimed == UInt(PC_REJECTED) || claimed == UInt(PC_CANCELLED) else { return }
+        if claimed == UInt(PC_REJECTED) { reportIfUnseen() }
         failureSlot.deinitialize(count: 1)
     }
 
+    /// A rejected promise's death: an unhandled rejection if no observer read its error.
+    /// Out of line, so that the deinit of every other promise stays as it was.
+    @inline(never)
+    private final func reportIfUnseen() {
+        if !errorWasSeen, let error = failure {
+            PromiseDiagnostics.report(.unhandledRejection(error), for: self)
+        }
+    }
+
     /// The error of a promise known to have failed: its rejection, or its cancellation
-    /// reason (`CancellationError()` when cancelled without one).
+    /// reason (`CancellationError()` when cancelled without one). Reading a rejection
+    /// counts as seeing it (`noteErrorSeen`).
     @inlinable
-    final var failureOrCancellation: any Error {
-        failure ?? CancellationError()
+    final var failureOrCancellation: any Error { seenFailureOrCancellation() }
+
+    /// `failureOrCancellation`, out of line: the failure paths that read it stay one call
+    /// in the inlined success paths around them.
+    @usableFromInline @inline(never)
+    final func seenFailureOrCancellation() -> any Error {
+        if publishedTag == UInt(PC_REJECTED) { noteErrorSeen() }
+        return failure ?? CancellationError()
     }
 
     /// The value of a fulfilled promise of `Value` type `T` (nil if not fulfilled).
@@ -56,10 +80,13 @@ extension AnyPromise {
         publishedTag == UInt(PC_FULFILLED) ? unsafeDowncast(self, to: Promise<T>.self).storedValue : nil
     }
 
-    /// The error of a rejected promise (nil if fulfilled or cancelled).
+    /// The error of a rejected promise (nil if fulfilled or cancelled); reading it counts
+    /// as seeing it (`noteErrorSeen`).
     @inlinable
     final var rejection: (any Error)? {
-        publishedTag == UInt(PC_REJECTED) ? failure : nil
+        guard publishedTag == UInt(PC_REJECTED) else { return nil }
+        noteErrorSeen()
+        return failure
     }
 
     /// The reason of a cancelled promise (nil otherwise).

@@ -11,8 +11,12 @@ extension Promise {
     /// let profile = Promise<Profile> { try await api.profile(for: id) }
     /// profile.cancel()   // cancels the request's Task
     /// ```
-    public convenience init(_ work: @escaping @Sendable () async throws -> Value) {
-        self.init()
+    public convenience init(
+        file: StaticString = #fileID,
+        line: UInt = #line,
+        _ work: @escaping @Sendable () async throws -> Value
+    ) {
+        self.init(file: file, line: line)
         let task = Task { [self] in
             do {
                 self.fulfill(try await work())

@@ -25,25 +25,38 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     // path, the destructor) then needs no generic metadata lookup to reach it.
 
     /// A pending promise; settle it with `fulfill`, `reject`, `resolve` or `cancel`.
-    public init() {
-        super.init(parent: nil as Unmanaged<AnyPromise>?)
+    ///
+    /// `file` and `line` name where it was made (SwiftNIO's `makePromise(file:line:)`):
+    /// debug builds of the library record them for `debugDescription` and
+    /// `PromiseDiagnostics`; release builds record nothing and, the initialisers being
+    /// inlinable, pass nothing either. Leave them to their defaults.
+    @inlinable
+    public init(file: StaticString = #fileID, line: UInt = #line) {
+        super.init()
+        noteCreationSite(file: file, line: line)
     }
 
-    /// A promise already fulfilled with `value`.
-    public init(value: Value) {
-        super.init(parent: nil as Unmanaged<AnyPromise>?)
+    /// A promise already fulfilled with `value` (`file` and `line`: see `init(file:line:)`).
+    @inlinable
+    public init(value: Value, file: StaticString = #fileID, line: UInt = #line) {
+        super.init()
+        noteCreationSite(file: file, line: line)
         fulfill(value)
     }
 
-    /// A promise already rejected with `error`.
-    public init(error: any Error) {
-        super.init(parent: nil as Unmanaged<AnyPromise>?)
+    /// A promise already rejected with `error` (`file` and `line`: see `init(file:line:)`).
+    @inlinable
+    public init(error: any Error, file: StaticString = #fileID, line: UInt = #line) {
+        super.init()
+        noteCreationSite(file: file, line: line)
         reject(error)
     }
 
-    /// A promise already settled with `result`.
-    public init(result: Result<Value, any Error>) {
-        super.init(parent: nil as Unmanaged<AnyPromise>?)
+    /// A promise already settled with `result` (`file` and `line`: see `init(file:line:)`).
+    @inlinable
+    public init(result: Result<Value, any Error>, file: StaticString = #fileID, line: UInt = #line) {
+        super.init()
+        noteCreationSite(file: file, line: line)
         resolve(result)
     }
 
@@ -57,10 +70,12 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// }
     /// ```
     public convenience init(
+        file: StaticString = #fileID,
+        line: UInt = #line,
         _ body: (_ fulfill: @escaping @Sendable (Value) -> Void,
                  _ reject: @escaping @Sendable (any Error) -> Void) throws -> Void
     ) {
-        self.init()
+        self.init(file: file, line: line)
         do {
             try body({ [self] value in self.fulfill(value) }, { [self] error in self.reject(error) })
         } catch {
@@ -73,8 +88,13 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// ```swift
     /// let digest = Promise<String>(on: .default) { try sha256(of: file) }
     /// ```
-    public convenience init(on context: any ExecutionContext, _ work: @escaping @Sendable () throws -> Value) {
-        self.init()
+    public convenience init(
+        on context: any ExecutionContext,
+        file: StaticString = #fileID,
+        line: UInt = #line,
+        _ work: @escaping @Sendable () throws -> Value
+    ) {
+        self.init(file: file, line: line)
         context.execute { [self] in
             guard self.claimHint == UInt(PC_CLAIM_FREE) else { return }  // cancelled before it ran
             self.settle(work)
@@ -184,6 +204,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         if tag == UInt(PC_FULFILLED) {
             storeValue(source.storedValue)
         } else {
+            if tag == UInt(PC_REJECTED) { source.noteErrorSeen() }  // passed on: seen
             failure = source.failure
         }
     }

@@ -70,6 +70,7 @@ extension AnyPromise {
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
     final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
+        PromiseDiagnostics.report(.brokenPromise, for: self)
         let dying = UnownedLink.address(of: self)
         var ordered: UnsafeMutablePointer<pc_node>? = nil
         var node: UnsafeMutablePointer<pc_node>? = detached

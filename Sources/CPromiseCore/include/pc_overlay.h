@@ -127,6 +127,14 @@ uintptr_t pc_word_lock(uintptr_t *_Nonnull word);
 /* For the lock's holder: stores `value` (lock bit clear), which releases the lock. */
 void pc_word_unlock(uintptr_t *_Nonnull word, uintptr_t value);
 
+/*
+ * The word of the application's diagnostics handler (the overlay's PromiseDiagnostics): a
+ * locked word, as above, holding the overlay's retained handler box, or 0 when none is
+ * set. Read (pc_word_load) only where something is reported: a rejected promise's death,
+ * a broken promise, a cycle; never on the register, settle or fire paths.
+ */
+uintptr_t *_Nonnull pc_diagnostics_word(void);
+
 #ifdef __cplusplus
 }
 #endif

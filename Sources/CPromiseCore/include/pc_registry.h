@@ -47,7 +47,10 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_LINKED 1u           /* linked into the parent's registry */
 #define PC_TREE_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
 #define PC_TREE_FIRST_OBSERVER 8u   /* spare_node is taken (never cleared) */
-#define PC_TREE_COUNT_SHIFT 4u      /* the registry's link count sits above the four bits */
+#define PC_TREE_ERROR_SEEN 16u      /* an observer read this rejected promise's error (the
+                                       overlay's diagnostics: an unhandled rejection is one
+                                       freed without it) */
+#define PC_TREE_COUNT_SHIFT 5u      /* the registry's link count sits above the five bits */
 #define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
                                          in the registry later must be cancelled too */
 

@@ -1,0 +1,193 @@
+// The diagnostics hook: broken promises, unhandled rejections and cycles are reported to
+// the application's handler, once, with the creation site in debug builds; observed
+// rejections never are.
+import Dispatch
+import Foundation
+import Promise
+import XCTest
+
+/// An error that says which check made it, so each test finds its own events among those
+/// of promises other tests left dying.
+private struct Marker: Error, Equatable, CustomStringConvertible {
+    let id: Int
+    var description: String { "marker \(id)" }
+}
+
+private struct BrokenMarker: Sendable {}
+private struct CycleMarker: Sendable {}
+
+final class DiagnosticsTests: XCTestCase {
+    private let events = Recorder<PromiseDiagnostic>()
+
+    override func setUp() {
+        super.setUp()
+        let events = self.events
+        PromiseDiagnostics.setHandler { events.append($0) }
+    }
+
+    override func tearDown() {
+        PromiseDiagnostics.setHandler(nil)
+        super.tearDown()
+    }
+
+    private func unhandled(_ id: Int) -> [PromiseDiagnostic] {
+        events.values.filter {
+            if case .unhandledRejection(let error) = $0.kind { return (error as? Marker)?.id == id }
+            return false
+        }
+    }
+
+    private func events(about type: String) -> [PromiseDiagnostic] {
+        events.values.filter { $0.promiseType == type }
+    }
+
+    func testAnUnhandledRejectionIsReportedOnceWithItsErrorAndSite() {
+        let line: UInt = #line + 1
+        do { let promise = Promise<Int>(); promise.reject(Marker(id: 1)) }
+        let reported = unhandled(1)
+        XCTAssertEqual(reported.count, 1, "\(events.values)")
+        XCTAssertEqual(reported.first?.promiseType, "Promise<Int>")
+        #if DEBUG
+        XCTAssertEqual(reported.first?.creationSite?.description, "\(#fileID):\(line)")
+        XCTAssertEqual(reported.first?.description,
+                       "a Promise<Int> made at \(#fileID):\(line) was rejected and freed without any observer seeing its error: marker 1")
+        #endif
+    }
+
+    func testEveryKindOfObserverCountsAsSeeingTheError() throws {
+        // Each makes a rejected promise, observes it one way, and waits for the outcome.
+        let observers: [(String, (Promise<Int>) throws -> Void)] = [
+            ("catch", { _ = try? $0.catch(on: .immediate) { _ in }.wait(timeout: testTimeout) }),
+            ("recover", { _ = try $0.recover(on: .immediate) { _ in 0 }.wait(timeout: testTimeout) }),
+            ("whenComplete", { promise in
+                let done = Countdown(1)
+                promise.whenComplete { _ in done.countDown() }
+                XCTAssertTrue(done.wait(timeout: testTimeoutSeconds))
+            }),
+            ("then, whose child is observed", { promise in
+                _ = try? promise.then { $0 + 1 }.recover { _ in 0 }.wait(timeout: testTimeout)
+            }),
+            ("wait", { _ = try? $0.wait(timeout: testTimeout) }),
+            ("all", { _ = try? Promise.all([$0]).recover { _ in [] }.wait(timeout: testTimeout) }),
+            ("allSettled", { _ = try Promise.allSettled([$0]).wait(timeout: testTimeout) }),
+            ("any", { _ = try? Promise.any([$0]).recover { _ in 0 }.wait(timeout: testTimeout) }),
+            ("race", { _ = try? Promise.race([$0]).recover { _ in 0 }.wait(timeout: testTimeout) }),
+            ("and", { _ = try? $0.and(Promise(value: 1)).then { $0.0 }.recover { _ in 0 }.wait(timeout: testTimeout) }),
+            ("resolve(with:)", { promise in
+                let follower = Promise<Int>()
+                follower.resolve(with: promise)
+                _ = try follower.recover { _ in 0 }.wait(timeout: testTimeout)
+            }),
+            ("timeout", { _ = try $0.timeout(.seconds(60)).recover { _ in 0 }.wait(timeout: testTimeout) }),
+        ]
+        for (index, (name, observe)) in observers.enumerated() {
+            let id = 100 + index
+            let dead = WeakPromise()
+            try {
+                let promise = Promise<Int>()
+                dead.promise = promise
+                promise.reject(Marker(id: id))
+                try observe(promise)
+            }()
+            XCTAssertTrue(eventually { dead.promise == nil }, "\(name): the promise was never freed")
+            XCTAssertEqual(unhandled(id).count, 0, "\(name) saw the error, yet it was reported: \(unhandled(id))")
+        }
+        // And one awaited.
+        let dead = WeakPromise()
+        let awaited = Countdown(1)
+        do {
+            let promise = Promise<Int>()
+            dead.promise = promise
+            promise.reject(Marker(id: 199))
+            Task { _ = await promise.result; awaited.countDown() }
+        }
+        XCTAssertTrue(awaited.wait(timeout: testTimeoutSeconds))
+        XCTAssertTrue(eventually { dead.promise == nil })
+        XCTAssertEqual(unhandled(199).count, 0, "await saw the error, yet it was reported")
+    }
+
+    func testAThenChildNobodyObservesIsReportedAndItsParentIsNot() {
+        do {
+            let parent = Promise<Int>()
+            let child = parent.then(on: .immediate) { $0 + 1 }
+            parent.reject(Marker(id: 2))
+            XCTAssertTrue(child.isRejected)
+        }
+        // The parent passed its error on (seen); the child kept it to itself.
+        XCTAssertEqual(unhandled(2).count, 1, "\(events.values)")
+    }
+
+    func testCancelledAndFulfilledPromisesAreNotReported() {
+        let before = events.count
+        do {
+            let cancelled = Promise<Int>()
+            cancelled.cancel(reason: Marker(id: 3))
+            _ = Promise(value: 4)
+        }
+        XCTAssertEqual(unhandled(3).count, 0)
+        XCTAssertEqual(events.values.dropFirst(before).filter { $0.promiseType == "Promise<Int>" }.count, 0)
+    }
+
+    func testABrokenPromiseIsReportedOnceWithItsSite() throws {
+        let line: UInt = #line + 3
+        let child: Promise<Int>
+        do {
+            let dropped = Promise<BrokenMarker>()
+            child = dropped.then(on: .immediate) { _ in 1 }
+        }
+        XCTAssertThrowsError(try child.wait(timeout: testTimeout)) {
+            guard case PromiseError.brokenPromise? = $0 as? PromiseError else { return XCTFail("\($0)") }
+        }
+        let reported = events(about: "Promise<BrokenMarker>")
+        XCTAssertEqual(reported.count, 1, "\(events.values)")
+        guard case .brokenPromise? = reported.first?.kind else { return XCTFail("\(reported)") }
+        #if DEBUG
+        XCTAssertEqual(reported.first?.description,
+                       "a Promise<BrokenMarker> made at \(#fileID):\(line) was freed while pending, with observers waiting: they receive PromiseError.brokenPromise")
+        #endif
+    }
+
+    func testAPendingPromiseDroppedWithoutObserversIsNotBroken() {
+        do { _ = Promise<BrokenMarker>() }
+        XCTAssertEqual(events(about: "Promise<BrokenMarker>").count, 0)
+    }
+
+    func testACycleIsReportedOnce() throws {
+        let a = Promise<CycleMarker>(), b = Promise<CycleMarker>()
+        a.resolve(with: b)
+        b.resolve(with: a)
+        for promise in [a, b] {
+            XCTAssertThrowsError(try promise.wait(timeout: testTimeout)) {
+                guard case PromiseError.cycle? = $0 as? PromiseError else { return XCTFail("\($0)") }
+            }
+        }
+        let cycles = events(about: "Promise<CycleMarker>").filter {
+            if case .cycle = $0.kind { return true }
+            return false
+        }
+        XCTAssertEqual(cycles.count, 1, "\(events.values)")
+    }
+
+    func testWithoutAHandlerNothingIsReported() {
+        PromiseDiagnostics.setHandler(nil)
+        do { Promise<Int>().reject(Marker(id: 5)) }
+        XCTAssertEqual(unhandled(5).count, 0)
+        // A handler set again reports again, to the new handler only.
+        let second = Recorder<PromiseDiagnostic>()
+        PromiseDiagnostics.setHandler { second.append($0) }
+        do { Promise<Int>().reject(Marker(id: 6)) }
+        XCTAssertEqual(unhandled(6).count, 0)
+        XCTAssertEqual(second.values.filter { "\($0)".hasSuffix("marker 6") }.count, 1)
+    }
+
+    func testDebugDescriptionNamesTheCreationSite() {
+        let line = #line + 1
+        let promise = Promise<Int>()
+        #if DEBUG
+        XCTAssertTrue(String(reflecting: promise).contains(", made at \(#fileID):\(line),"), String(reflecting: promise))
+        #else
+        XCTAssertFalse(String(reflecting: promise).contains("made at"))
+        #endif
+        XCTAssertFalse(String(reflecting: promise.then { $0 }).contains("made at"), "continuations record no site")
+    }
+}
