@@ -70,16 +70,23 @@ extension AnyPromise {
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
     final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
-        PromiseDiagnostics.report(.brokenPromise, for: self)
         let dying = UnownedLink.address(of: self)
         var ordered: UnsafeMutablePointer<pc_node>? = nil
         var node: UnsafeMutablePointer<pc_node>? = detached
+        var someoneWaits = false  // not only a waiter list whose waiters all gave up
         while let current = node {
             node = current.pointee.next
             current.pointee.next = ordered
             ordered = current
+            if !someoneWaits {
+                someoneWaits = !nodeFires(current, through: rareStateFire) || existingRareState?.waitingCount != 0
+            }
         }
+        if someoneWaits { PromiseDiagnostics.report(.brokenPromise, for: self) }
         let standIn = makeBrokenStandIn()
+        // Its error is this promise's broken promise, reported above if anyone waited: the
+        // stand-in is no unhandled rejection of its own, whatever its observers read.
+        standIn.noteErrorSeen()
         // One trampoline scope around the whole list, as a publish has: the observers fire
         // as one batch, in registration order, and inline handlers run after the loop,
         // not from inside it. (Inside another scope already, that scope runs them.)

@@ -1,5 +1,6 @@
 // A tour of the Promise library, printing what happens and when.
-// Run it with `make demo`.
+// Run it with `make demo`. This file's top level awaits, so it is async code: it awaits
+// promises (`await p.value`) and leaves blocking (`wait`) to a synchronous function.
 import Dispatch
 import Foundation
 import Promise
@@ -29,7 +30,7 @@ say("1. typed chain")
 let label = lookup("answer", after: 20)
     .then { $0 + 2 }
     .then { "the answer is \($0)" }
-say("   \(try label.wait())")
+say("   \(try await label.value)")
 
 // 2. An error skips the success handlers until an error handler takes it.
 say("2. error caught down the chain")
@@ -40,7 +41,7 @@ let recovered = lookup("", after: 10)
     }
     .catch { say("   catch saw: \($0)") }
     .recover { _ in -1 }
-say("   recovered with \(try recovered.wait())")
+say("   recovered with \(try await recovered.value)")
 
 // 3. Cancelling one branch leaves its sibling alone.
 say("3. cancel a branch, the sibling still gets its value")
@@ -49,7 +50,7 @@ let cancelledBranch = shared.then { "branch A got \($0)" }
 let siblingBranch = shared.then { "branch B got \($0)" }
 cancelledBranch.cancel()
 say("   branch A: \(cancelledBranch.state)")
-say("   \(try siblingBranch.wait())")
+say("   \(try await siblingBranch.value)")
 say("   branch A after the parent fulfilled: \(cancelledBranch.state)")
 
 // 4. Handlers on a concurrent queue are serialised by a barrier.
@@ -73,7 +74,7 @@ let handlers = (0..<8).map { index in
     }
 }
 ready.fulfill(())
-let order = try handlers.map { try $0.wait() }
+let order = try await Promise.all(handlers).value
 say("   ran in order \(order), at most \(overlap.maximum) at a time")
 
 // 5. .immediate: a 100,000-step chain settles inline, without growing the stack.
@@ -82,25 +83,44 @@ let first = Promise<Int>()
 var last = first
 for _ in 0..<100_000 { last = last.then(on: .immediate) { $0 + 1 } }
 first.fulfill(0)
-say("   last step holds \(try last.wait())")
+say("   last step holds \(try await last.value)")
 
 // 6. Combinators: all keeps input order, race takes the first to settle.
 say("6. all and race over three lookups (30, 10, 20 ms)")
 let lookups = [lookup("alpha", after: 30), lookup("be", after: 10), lookup("gam", after: 20)]
-say("   all:  \(try Promise.all(lookups).wait())")
+say("   all:  \(try await Promise.all(lookups).value)")
 let racers = [lookup("slow", after: 40), lookup("fast!", after: 5)]
-say("   race: \(try Promise.race(racers).wait()) (the fast one)")
+say("   race: \(try await Promise.race(racers).value) (the fast one)")
 
 // 7. async/await: awaiting a promise suspends, it does not block a thread.
 say("7. await p.value")
 let awaited = try await lookup("awaited", after: 10).then { $0 * 2 }.value
 say("   awaited \(awaited)")
 
-// 8. Blocking with a timeout.
-say("8. wait(timeout:) on a promise nobody settles")
+// 8. Blocking with a timeout: synchronous code only (`wait` is unavailable from async
+// code, where it would block one of the few threads every Task runs on).
+func blockingRead(_ promise: Promise<Int>, timeout: Duration) throws -> Int {
+    try promise.wait(timeout: timeout)
+}
+say("8. wait(timeout:) on a promise nobody settles, from synchronous code")
 do {
-    _ = try Promise<Int>().wait(timeout: .milliseconds(50))
+    _ = try blockingRead(Promise<Int>(), timeout: .milliseconds(50))
 } catch {
     say("   \(error)")
 }
+
+// 9. Diagnostics: the library never prints, it reports to the handler you set.
+say("9. diagnostics: a dropped promise and an error nobody saw (debug builds also say where each was made)")
+PromiseDiagnostics.setHandler { event in say("   reported: \(event)") }
+func placeOrder() -> Promise<Int> {
+    let order = Promise<Int>()  // nobody settles it, and it is dropped on return
+    return order.then { $0 + 1 }
+}
+let confirmation = placeOrder()
+say("   the dependent got: \(await confirmation.result)")
+do {
+    let audit = Promise<Int>()
+    audit.reject(LookupError(key: "audit"))  // rejected, and nobody looks at it
+}
+PromiseDiagnostics.setHandler(nil)
 say("done")
