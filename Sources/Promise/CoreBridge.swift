@@ -458,12 +458,24 @@ enum DiagnosticsHandlerWord {
 }
 
 /// Runs `body` holding the spin lock of `word`, a locked word used as a plain lock (its
-/// value stays 0: `pc_word_lock`, `pc_word_unlock`). Cold paths only: a waiter list, the
-/// step of a `sequence` or `retry`.
+/// value stays 0: `pc_word_lock`, `pc_word_unlock`). Cold paths only: a waiter list,
+/// `SpinLocked` state.
 func withWordLock<T>(_ word: UnsafeMutablePointer<UInt>, _ body: () -> T) -> T {
     _ = pc_word_lock(word)
     defer { pc_word_unlock(word, 0) }
     return body()
+}
+
+/// State guarded by a spin lock in one word (`withWordLock`), held for a few field updates
+/// and never around a call out: the step of a `retry`, a bounded fan-out. The lock word is
+/// the object's first stored property, so its address needs no lookup; subclasses keep
+/// their fields behind it.
+class SpinLocked: @unchecked Sendable {
+    private final var lockWord: UInt = 0
+
+    final func withLock<T>(_ body: () -> T) -> T {
+        withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
+    }
 }
 
 /// Runs `node`'s fire callback with no source after the current firing on this thread

@@ -159,9 +159,12 @@ public enum PromiseDiagnostics {
         if let box = UnsafeRawPointer(bitPattern: replaced) { Unmanaged<Handler>.fromOpaque(box).release() }
     }
 
+    /// Whether a handler is set (one load): for a report that costs something to decide.
+    static var isEnabled: Bool { DiagnosticsHandlerWord.isSet }
+
     /// Reports `kind` for `promise`, if a handler is set.
     static func report(_ kind: PromiseDiagnostic.Kind, for promise: AnyPromise) {
-        guard DiagnosticsHandlerWord.isSet, let handler = currentHandler() else { return }
+        guard isEnabled, let handler = currentHandler() else { return }
         handler.body(PromiseDiagnostic(kind: kind, promiseType: "\(type(of: promise))",
                                        creationSite: promise.creationSiteIfRecorded))
     }

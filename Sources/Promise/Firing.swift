@@ -189,5 +189,4 @@ extension AnyPromise {
             stayInFlight(parent: parent)  // locked in before: released unrun
         }  // else settled by someone else: `handler` is released unrun
     }
-
 }

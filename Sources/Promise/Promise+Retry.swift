@@ -124,18 +124,11 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
 /// down at its input, which its own resolver keeps alive (a strong link here would also
 /// close a cycle through the step's observer, which holds the run).
 ///
-/// Threading: a spin lock in one word (`withWordLock`), taken once per step and once per
-/// cancel, never around a call out (cold paths: never on the register, settle or fire
-/// path of any promise).
-final class StepInFlight: @unchecked Sendable {
-    // First stored property, so that its address is known without a lookup.
-    private final var lockWord: UInt = 0
+/// Threading: its spin lock (`SpinLocked`), taken once per step and once per cancel (cold
+/// paths: never on the register, settle or fire path of any promise).
+final class StepInFlight: SpinLocked, @unchecked Sendable {
     private weak var step: AnyPromise?
     private var cancelReason: (any Error)?
-
-    private func withLock<T>(_ body: () -> T) -> T {
-        withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
-    }
 
     /// Makes `step` the one in flight; cancels it at once if the output was cancelled
     /// before it started.

@@ -12,22 +12,20 @@
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
 /// stops the pulling and cancels what is in flight.
 ///
-/// Threading: a spin lock in one word (`withWordLock`), held for a few field updates,
-/// never around a call out.
-private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendable {
-    // First stored property, so that its address is known without a lookup.
-    private final var lockWord: UInt = 0
+/// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
+/// call out.
+private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unchecked Sendable {
     // Only the pumping thread touches it. Type-erased: a closure may capture the
     // metatype of `Input` (Sendable), not that of the caller's sequence type.
     private var iterator: AnyIterator<Input>
+    /// One slot per input started, in input order: its value once its work fulfilled.
     private var results: [Value?] = []
-    private var inFlight: [Int: WeakStep] = [:]
-    private var freeSlots: Int
-    private var started = 0
     private var finished = 0
+    private var inFlight: [Int: WeakStep] = [:]
     private var pumping = false
     private var exhausted = false
     private var stopped = false
+    private let limit: Int
     private let output = Promise<[Value]>()
     private let context: any ExecutionContext
     private let work: @Sendable (Input) throws -> Promise<Value>
@@ -39,13 +37,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendabl
     init(_ inputs: some Sequence<Input>, limit: Int, context: any ExecutionContext,
          work: @escaping @Sendable (Input) throws -> Promise<Value>) {
         iterator = AnyIterator(inputs.makeIterator())
-        freeSlots = limit
+        self.limit = limit
         self.context = context
         self.work = work
-    }
-
-    private func withLock<T>(_ body: () -> T) -> T {
-        withWordLock(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self), body)
     }
 
     /// Starts the run; the promise of its results.
@@ -55,7 +49,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendabl
         return output
     }
 
-    /// Fills the free slots, unless another thread is at it (it will see them).
+    /// Starts work while fewer than `limit` are in flight, unless another thread is at it
+    /// (it will see the slot freed). Only the pumping thread appends to `results`, so a
+    /// slot it found free stays free while it pulls the next input outside the lock.
     private func pump() {
         guard withLock({ () -> Bool in
             if pumping { return false }
@@ -64,11 +60,10 @@ private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendabl
         }) else { return }
         while true {
             let canStart = withLock { () -> Bool in
-                if stopped || exhausted || freeSlots == 0 {
+                if stopped || exhausted || results.count - finished >= limit {
                     pumping = false
                     return false
                 }
-                freeSlots -= 1
                 return true
             }
             guard canStart else { break }
@@ -76,15 +71,14 @@ private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendabl
                 let done = withLock { () -> Bool in
                     exhausted = true
                     pumping = false
-                    return finished == started && !stopped
+                    return finished == results.count && !stopped
                 }
                 if done { finish() }
                 break
             }
             let index = withLock { () -> Int in
                 results.append(nil)
-                started += 1
-                return started - 1
+                return results.count - 1
             }
             start(input, at: index)
         }
@@ -118,8 +112,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: @unchecked Sendabl
             results[index] = value
             inFlight[index] = nil
             finished += 1
-            freeSlots += 1
-            return exhausted && finished == started && !stopped
+            return exhausted && finished == results.count && !stopped
         }
         if done { finish() } else { pump() }
     }

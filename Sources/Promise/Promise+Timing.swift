@@ -63,6 +63,11 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
         })
     }
 
+    /// On `clock`: `work` runs once `interval` has passed on it, counted from now.
+    init<C: Clock>(after interval: Duration, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
+        self.init(at: clock.now.advanced(by: interval), on: clock, work)
+    }
+
     func cancel() {
         switch handle {
         case .dispatch(let item): item.cancel()
@@ -115,7 +120,7 @@ extension Promise where Value == Void {
     ///
     /// Cancelling it cancels the timer (the Task sleeping on the clock).
     public static func after(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Void> {
-        .fulfilling(()) { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
+        .fulfilling(()) { PromiseTimer(after: interval, on: clock, $0) }
     }
 }
 
@@ -153,7 +158,7 @@ extension Promise {
     /// let debounced = query.delay(.milliseconds(300), clock: testClock)
     /// ```
     public func delay(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        delay { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
+        delay { PromiseTimer(after: interval, on: clock, $0) }
     }
 
     private func delay(
@@ -192,7 +197,7 @@ extension Promise {
     /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
     /// ```
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        timeout { PromiseTimer(at: clock.now.advanced(by: interval), on: clock, $0) }
+        timeout { PromiseTimer(after: interval, on: clock, $0) }
     }
 
     /// A child that settles as this promise does, unless `deadline` comes first: then it

@@ -57,7 +57,10 @@ class WaiterEntry: @unchecked Sendable {
     }
 }
 
-/// A blocking `wait` (see `Promise.wait(timeout:)`): a semaphore the outcome signals.
+/// A blocking `wait` (see `Promise.wait(timeout:)`): a semaphore the outcome signals. The
+/// library's one blocking primitive, on its one documented cold path: only the thread
+/// that called `wait` ever waits on it; the settling thread signals, which never blocks,
+/// and only when such a waiter is listed.
 final class BlockingWaiter<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     let signal = DispatchSemaphore(value: 0)
     /// Written by `deliver` before it signals; read after the wait returned.

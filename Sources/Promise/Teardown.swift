@@ -69,20 +69,29 @@ extension AnyPromise {
     /// No registration can race with this: registering needs a reference to the promise,
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
+    /// Whether any of `detached` still waits: any node but a waiter list whose waiters all
+    /// gave up (a timed-out `wait` leaves nobody waiting). For the broken-promise report.
+    private final func anyoneWaits(on detached: UnsafeMutablePointer<pc_node>) -> Bool {
+        var node: UnsafeMutablePointer<pc_node>? = detached
+        while let current = node {
+            if !nodeFires(current, through: rareStateFire) || existingRareState?.waitingCount != 0 { return true }
+            node = current.pointee.next
+        }
+        return false
+    }
+
     final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {
         let dying = UnownedLink.address(of: self)
         var ordered: UnsafeMutablePointer<pc_node>? = nil
         var node: UnsafeMutablePointer<pc_node>? = detached
-        var someoneWaits = false  // not only a waiter list whose waiters all gave up
+        if PromiseDiagnostics.isEnabled && anyoneWaits(on: detached) {
+            PromiseDiagnostics.report(.brokenPromise, for: self)
+        }
         while let current = node {
             node = current.pointee.next
             current.pointee.next = ordered
             ordered = current
-            if !someoneWaits {
-                someoneWaits = !nodeFires(current, through: rareStateFire) || existingRareState?.waitingCount != 0
-            }
         }
-        if someoneWaits { PromiseDiagnostics.report(.brokenPromise, for: self) }
         let standIn = makeBrokenStandIn()
         // Its error is this promise's broken promise, reported above if anyone waited: the
         // stand-in is no unhandled rejection of its own, whatever its observers read.
