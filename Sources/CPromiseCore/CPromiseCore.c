@@ -197,26 +197,34 @@ static void pc_fire_in_order(pc_node *stack, pc_promise *source) {
     }
 }
 
-void pc_publish(pc_promise *promise) {
-    /* No ordering: this thread won the claim CAS itself, so it reads its own write. */
-    uintptr_t outcome = (uintptr_t)AO_load(PC_WORD(&promise->claim));
-    if (outcome < PC_FULFILLED || outcome > PC_CANCELLED) {
-        pc_die("pc_publish", "claim holds no outcome", outcome);
-    }
-    pc_scope_enter();
-    /* No ordering: only a first guess for the CAS below, which validates it. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
-    if ((seen & PC_TAG_MASK) != PC_PENDING) {
-        pc_die("pc_publish", "published twice", seen);
-    }
+/*
+ * The firing loop of pc_publish, from the state word `seen` (the outcome's tag set, or
+ * still pending for the publisher's first CAS): take the stack, fire it in order, repeat
+ * for the nodes registered meanwhile, until the word is the bare outcome. Also run by a
+ * pruner that a publisher handed its firing to (pc_prune).
+ */
+static void pc_fire_until_quiescent(pc_promise *promise, uintptr_t outcome, uintptr_t seen) {
     for (;;) {
+        if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
+            /* A pruner holds the older nodes (pc_prune): it fires them, then ours, in
+             * order. full: release publishes the outcome value to the pruner (and to every
+             * thread that sees the tag), as the CAS below does. */
+            uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+                PC_WORD(&promise->state), (AO_t)seen, (AO_t)(seen | outcome));
+            if (was == seen) {
+                return;
+            }
+            seen = was;
+            continue;
+        }
         pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
         /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
         uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
         /* full (acquire + release): release publishes the outcome value stored before
          * this call to every thread whose acquire load later sees the tag (pc_state,
-         * pc_observe); acquire pairs with the release push in pc_observe, so the nodes
-         * taken and the objects embedding them are fully visible before they fire. */
+         * pc_observe); acquire pairs with the release push in pc_observe (and the
+         * put-back in pc_prune), so the nodes taken and the objects embedding them are
+         * fully visible before they fire. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
             PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
         if (was != seen) {
@@ -224,12 +232,107 @@ void pc_publish(pc_promise *promise) {
             continue;
         }
         if (stack == NULL) {
-            break; /* quiescent: late registrations now fire themselves */
+            return; /* quiescent: late registrations now fire themselves */
         }
         pc_fire_in_order(stack, promise);
         seen = next; /* the CAS above tells us if registrations arrived meanwhile */
     }
+}
+
+void pc_publish(pc_promise *promise) {
+    /* No ordering: this thread won the claim CAS itself, so it reads its own write. */
+    uintptr_t outcome = (uintptr_t)AO_load(PC_WORD(&promise->claim));
+    if (outcome < PC_FULFILLED || outcome > PC_CANCELLED) {
+        pc_die("pc_publish", "claim holds no outcome", outcome);
+    }
+    pc_scope_enter();
+    /* No ordering: only a first guess for the CAS in the loop, which validates it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
+    if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
+        pc_die("pc_publish", "published twice", seen);
+    }
+    pc_fire_until_quiescent(promise, outcome, seen);
     pc_scope_leave();
+}
+
+bool pc_prune(pc_promise *promise, pc_prune_fn drop, void *context, size_t *kept_count) {
+    /* No ordering: a first guess for the CAS, which validates it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
+    for (;;) {
+        if ((seen & PC_TAG_MASK) != PC_PENDING) {
+            return false; /* settled, firing, or another prune has the stack */
+        }
+        if (seen == PC_PENDING) {
+            *kept_count = 0;
+            return true; /* nothing registered: nothing to prune */
+        }
+        /* full: acquire pairs with the release pushes in pc_observe, so the nodes taken
+         * (and the objects embedding them, which `drop` reads) are visible; the word
+         * becomes PENDING|FIRING, "a pruner holds the stack", with no nodes. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)PC_STATE_FIRING);
+        if (was == seen) {
+            break;
+        }
+        seen = was;
+    }
+    pc_scope_enter();
+    /* Filter, keeping the order (newest first, as taken). */
+    pc_node *kept = NULL;
+    pc_node **link = &kept;
+    size_t count = 0;
+    for (pc_node *node = (pc_node *)(seen & ~PC_TAG_MASK); node != NULL;) {
+        pc_node *next = node->next; /* read before drop: a dropped node is no longer ours */
+        if (!drop(node, context)) {
+            *link = node;
+            link = &node->next;
+            count += 1;
+        }
+        node = next;
+    }
+    *link = NULL;
+    *kept_count = count;
+    /* Put the kept nodes back below those registered meanwhile (newer, so nearer the
+     * head). acquire: pairs with the release pushes in pc_observe, so the `next` fields of
+     * the nodes pushed meanwhile, which we walk, are visible. */
+    seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+    for (;;) {
+        pc_node *head = (pc_node *)(seen & ~PC_TAG_MASK);
+        if (head == NULL) {
+            head = kept;
+        } else {
+            /* Only we take nodes while PC_STATE_FIRING marks the prune: the ones pushed
+             * meanwhile stay put, and a retry finds the same tail below newer ones. */
+            pc_node *tail = head;
+            while (tail->next != NULL && tail->next != kept) {
+                tail = tail->next;
+            }
+            tail->next = kept;
+        }
+        uintptr_t outcome = seen & PC_OUTCOME_MASK;
+        /* Still pending: the stack goes back and the prune ends. Settled meanwhile: the
+         * publisher left the firing to us (pc_fire_until_quiescent), so we take
+         * everything and fire it, in order, as pc_publish would.
+         * full: release publishes the relinked `next` fields to whoever takes the stack
+         * next (pc_publish's acquire, another prune, pc_detach); acquire for the retry
+         * and for the outcome value we may fire with. */
+        uintptr_t next = outcome == PC_PENDING ? (uintptr_t)head : (outcome | PC_STATE_FIRING);
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
+        if (was != seen) {
+            seen = was;
+            continue;
+        }
+        if (outcome != PC_PENDING) {
+            if (head != NULL) {
+                pc_fire_in_order(head, promise);
+            }
+            pc_fire_until_quiescent(promise, outcome, next);
+        }
+        break;
+    }
+    pc_scope_leave();
+    return true;
 }
 
 uintptr_t pc_state(const pc_promise *promise) {
@@ -241,7 +344,9 @@ uintptr_t pc_state(const pc_promise *promise) {
 bool pc_has_waiting_observers(const pc_promise *promise) {
     /* No ordering: a snapshot of the stack head, never dereferenced; nothing is read
      * through it, so there is nothing for an acquire to make visible. */
-    return ((uintptr_t)AO_load(PC_WORD(&promise->state)) & ~PC_TAG_MASK) != 0;
+    uintptr_t word = (uintptr_t)AO_load(PC_WORD(&promise->state));
+    /* A prune in progress (pending and FIRING) holds the nodes it took: they still wait. */
+    return (word & ~PC_TAG_MASK) != 0 || (word & PC_TAG_MASK) == PC_STATE_FIRING;
 }
 
 pc_node *pc_detach(pc_promise *promise) {

@@ -1036,6 +1036,180 @@ static void race_summary(void *context, unsigned long rounds) {
            r->fired_by_settler, r->late_batch, r->fired_inline, r->mixed_rounds);
 }
 
+/* ---- 5. pruning: observers that gave up leave a pending promise ------------------- */
+
+/* A node gives up by setting its flag; a prune drops it (the callback owns it then). */
+typedef struct {
+    observer base;         /* first member */
+    atomic_bool gave_up;
+    atomic_uint dropped;
+} prunable;
+
+static bool prunable_drop(pc_node *node, void *context) {
+    (void)context;
+    prunable *o = (prunable *)(void *)node;
+    if (!atomic_load(&o->gave_up)) {
+        return false;
+    }
+    atomic_fetch_add(&o->dropped, 1);
+    return true;
+}
+
+static void prunable_init(prunable *o, unsigned registrar, unsigned seq) {
+    observer_init(&o->base, observer_fire, registrar, seq);
+    atomic_init(&o->gave_up, false);
+    atomic_init(&o->dropped, 0);
+}
+
+/* One thread: a prune drops the nodes that gave up, keeps the others in their order,
+ * and counts them; nodes registered later join above; the settle fires the kept ones in
+ * registration order. A prune of a settled promise does nothing. */
+static void test_prune_in_order(verdict *v) {
+    enum { N = 16 };
+    test_promise p = {0};
+    prunable obs[N];
+    size_t kept = 99;
+    CHECK(v, pc_prune(&p.core, prunable_drop, NULL, &kept) && kept == 0,
+          "pruning an empty pending promise: want true and 0 kept, got %zu", kept);
+    for (unsigned i = 0; i < N; i++) {
+        prunable_init(&obs[i], 0, i);
+        if (i < N / 2) {
+            pc_observe(&p.core, &obs[i].base.node);
+            atomic_store(&obs[i].gave_up, i % 3 == 0);
+        }
+    }
+    CHECK(v, pc_prune(&p.core, prunable_drop, NULL, &kept), "prune of a pending promise refused");
+    CHECK(v, kept == 5, "kept %zu nodes, want 5", kept);
+    for (unsigned i = N / 2; i < N; i++) {
+        pc_observe(&p.core, &obs[i].base.node);
+    }
+    CHECK(v, settle(&p, PC_CLAIM_FREE, PC_REJECTED, 0xBEEF), "claim lost");
+    observer *order[N];
+    size_t fired = 0;
+    for (unsigned i = 0; i < N; i++) {
+        bool dropped = i < N / 2 && i % 3 == 0;
+        CHECK(v, atomic_load(&obs[i].dropped) == (dropped ? 1u : 0u), "node #%u dropped %u times", i,
+              atomic_load(&obs[i].dropped));
+        if (dropped) {
+            CHECK(v, fired_count(&obs[i].base) == 0, "dropped node #%u fired", i);
+            continue;
+        }
+        check_observer(v, &obs[i].base, "kept node", &p.core, PC_REJECTED, 0xBEEF);
+        if (v->failed) {
+            return;
+        }
+        order[fired++] = &obs[i].base;
+    }
+    check_fire_order(v, order, fired, "kept nodes");
+    if (v->failed) {
+        return;
+    }
+    CHECK(v, !pc_prune(&p.core, prunable_drop, NULL, &kept), "prune of a settled promise ran");
+}
+
+/* Registrations, give-ups, prunes and the settle at once: every node that did not give
+ * up fires once, each registrar's in order; a node that gave up is dropped once or fires
+ * once, never both; a publisher that met a prune had its observers fired by the pruner. */
+enum { PRUNE_REGISTRARS = 2, PRUNE_PER_REGISTRAR = 24 };
+
+typedef struct {
+    test_promise promise;
+    prunable observers[PRUNE_REGISTRARS][PRUNE_PER_REGISTRAR];
+    bool settled;
+    atomic_uint registrars_done;
+    unsigned long prunes, dropped, handed_over;
+} prune_context;
+
+static void prune_prepare(void *context, unsigned long round) {
+    prune_context *r = context;
+    (void)round;
+    memset(&r->promise, 0, sizeof r->promise);
+    r->settled = false;
+    atomic_store(&r->registrars_done, 0);
+    for (unsigned g = 0; g < PRUNE_REGISTRARS; g++) {
+        for (unsigned i = 0; i < PRUNE_PER_REGISTRAR; i++) {
+            prunable_init(&r->observers[g][i], g + 1, i);
+        }
+    }
+}
+
+/* Participant 0 settles, 1 prunes until the promise settled, the others register. */
+static void prune_play(void *context, unsigned me, unsigned long round) {
+    prune_context *r = context;
+    if (me == 0) {
+        /* Every other round, once the registrations are done, so prunes find give-ups. */
+        while (round % 2 == 0 && atomic_load(&r->registrars_done) < PRUNE_REGISTRARS) {
+        }
+        spin_for((unsigned)(round * 53 % 600));
+        uintptr_t outcome = race_outcome(round);
+        r->settled = settle(&r->promise, PC_CLAIM_FREE, outcome, make_payload(round, outcome, 0));
+        return;
+    }
+    if (me == 1) {
+        size_t kept;
+        for (;;) {
+            bool pending = pc_state(&r->promise.core) == PC_PENDING;
+            if (pc_prune(&r->promise.core, prunable_drop, NULL, &kept)) {
+                r->prunes += 1;
+            } else if (!pending) {
+                return;
+            }
+        }
+    }
+    prunable *mine = r->observers[me - 2];
+    for (unsigned i = 0; i < PRUNE_PER_REGISTRAR; i++) {
+        pc_observe(&r->promise.core, &mine[i].base.node);
+        if (i % 2 == 1) {
+            atomic_store(&mine[i].gave_up, true); /* may race with its firing: fine */
+        }
+    }
+    atomic_fetch_add(&r->registrars_done, 1);
+}
+
+static void prune_check(void *context, unsigned long round, verdict *v) {
+    prune_context *r = context;
+    uintptr_t outcome = race_outcome(round);
+    uint64_t payload = make_payload(round, outcome, 0);
+    CHECK(v, r->settled, "the only claim lost");
+    CHECK(v, pc_state(&r->promise.core) == outcome, "state %lu, want %lu",
+          (unsigned long)pc_state(&r->promise.core), (unsigned long)outcome);
+    for (unsigned g = 0; g < PRUNE_REGISTRARS; g++) {
+        observer *order[PRUNE_PER_REGISTRAR];
+        size_t fired = 0;
+        for (unsigned i = 0; i < PRUNE_PER_REGISTRAR; i++) {
+            prunable *o = &r->observers[g][i];
+            unsigned dropped = atomic_load(&o->dropped);
+            CHECK(v, dropped <= 1 && (dropped == 0 || i % 2 == 1),
+                  "registrar %u node #%u dropped %u times (gave up: %d)", g + 1, i, dropped, i % 2 == 1);
+            if (dropped == 1) {
+                CHECK(v, fired_count(&o->base) == 0, "registrar %u node #%u dropped and fired", g + 1, i);
+                r->dropped += 1;
+                continue;
+            }
+            check_observer(v, &o->base, "observer", &r->promise.core, outcome, payload);
+            if (v->failed) {
+                return;
+            }
+            r->handed_over += o->base.fired_by == 1;
+            order[fired++] = &o->base;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "registrar %u order", g + 1);
+        check_fire_order(v, order, fired, what);
+        if (v->failed) {
+            return;
+        }
+    }
+    CHECK(v, pc_detach(&r->promise.core) == NULL, "pc_detach on the settled promise");
+}
+
+static void prune_summary(void *context, unsigned long rounds) {
+    prune_context *r = context;
+    (void)rounds;
+    printf("# prunes %lu, nodes dropped %lu, fired by the pruner for the publisher %lu\n",
+           r->prunes, r->dropped, r->handed_over);
+}
+
 /* ---- the forwarding epoch ---------------------------------------------------------- */
 
 /* What a reader relies on: a begin marks a forward in progress, an end clears it and
@@ -1141,7 +1315,7 @@ static void word_prepare(void *context, unsigned long round) {
 static void word_play(void *context, unsigned me, unsigned long round) {
     word_context *w = context;
     if (me == 0) {
-        spin_for((unsigned)(round * 53 % 600)); /* vary where the owner's release lands */
+        spin_for((unsigned)(round * 53 % 3000)); /* vary where the owner's release lands */
         word_release(w, w->target, 0);
         return;
     }
@@ -1312,6 +1486,7 @@ int main(void) {
     run_test("claim FOLLOWING, then an outcome", test_following);
     run_test("observe while firing joins the next batch", test_observe_while_firing_joins_next_batch);
     run_test("detach returns unfired observers", test_detach);
+    run_test("prune drops observers that gave up, keeps the order", test_prune_in_order);
 
     run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
     run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
@@ -1335,6 +1510,13 @@ int main(void) {
         race_prepare, race_play, race_check, race_summary,
     };
     run_stress(&registration_race, &racing);
+
+    static prune_context prunes;
+    const stress_test prune_race = {
+        "prunes racing registrations, give-ups and the settle", 2 + PRUNE_REGISTRARS, 20000,
+        prune_prepare, prune_play, prune_check, prune_summary,
+    };
+    run_stress(&prune_race, &prunes);
 
     static word_context words;
     const stress_test locked_word = {

@@ -10,7 +10,8 @@
  *                                                      still queued here     itself (pc_observe)
  *
  *   outcome tags (low two bits):  PC_FULFILLED = 1, PC_REJECTED = 2, PC_CANCELLED = 3
- *   bit 2 (PC_STATE_FIRING):            the settler is still handing out observers
+ *   bit 2 (PC_STATE_FIRING):            the settler is still handing out observers; with
+ *                                       no outcome: a pruner holds the stack (pc_prune)
  *   upper bits:                   head of an intrusive stack of pc_node (8-byte aligned)
  *
  * A second word (`claim`) elects the single settler among any number of racing
@@ -43,7 +44,10 @@
  *   pc_claim        any thread, any time             wait-free (one CAS)
  *   pc_claimed      any thread, any time             wait-free (one load)
  *   pc_publish      only the thread whose pc_claim   lock-free (loops only while registrations
- *                   won an outcome, once             keep arriving during firing)
+ *                   won an outcome, once             keep arriving during firing; hands the
+ *                                                    firing to a pruner holding the stack)
+ *   pc_prune        any thread holding the promise   lock-free (one pruner at a time; others
+ *                                                    return false)
  *   pc_state        any thread, any time             wait-free (one load)
  *   pc_has_waiting_observers  any thread, any time   wait-free (one load)
  *   pc_defer        from inside a fire callback,     wait-free (thread-local)
@@ -173,6 +177,31 @@ uintptr_t pc_claimed(const pc_promise *_Nonnull promise);
  * outcome value must be stored before this call. Aborts if the claim holds no outcome.
  */
 void pc_publish(pc_promise *_Nonnull promise);
+
+/*
+ * Pruning: observers that gave up leave a pending promise. A registration stays on the
+ * stack until the promise settles, so an observer that stopped caring (a slot of a
+ * combinator that settled without this input) would otherwise stay there, and a promise
+ * that lives long and is raced over and over would grow without bound.
+ *
+ * pc_prune takes the whole stack, marking the word PENDING|PC_STATE_FIRING ("a pruner
+ * holds the nodes": no outcome yet, firing is not free), asks `drop(node, context)` for
+ * each node, newest first, and puts the nodes it kept back, in their order, below any
+ * registered meanwhile. `drop` returns true for a node that gave up, which is then the
+ * callback's (the core never touches it again), false to keep it. Registrations during
+ * a prune push as usual. A publisher that finds a prune in progress adds its outcome to
+ * the word and returns: the pruner fires every node, in registration order, when it puts
+ * them back (so the settling call may return before its observers fired; they fire on
+ * the pruner's thread, before pc_prune returns). Returns false, doing nothing, when the
+ * promise is settled, still firing, or another prune holds the stack; true otherwise,
+ * with the number of nodes kept in `*kept_count`.
+ *
+ * Lock-free for registrations and the publisher (neither waits for the pruner); one
+ * pruner at a time, and `drop` must not register on, settle or prune this promise.
+ */
+typedef bool (*pc_prune_fn)(pc_node *_Nonnull node, void *_Nullable context);
+bool pc_prune(pc_promise *_Nonnull promise, pc_prune_fn _Nonnull drop, void *_Nullable context,
+              size_t *_Nonnull kept_count);
 
 /* PC_PENDING, or the published outcome (acquire: the outcome value is then visible). */
 uintptr_t pc_state(const pc_promise *_Nonnull promise);
