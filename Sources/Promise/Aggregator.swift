@@ -128,6 +128,12 @@ final class Aggregator: @unchecked Sendable {
         if gateLeave(gate, request: outputSettled) { retire() }
     }
 
+    /// Whether the aggregator retired: its output settled and what it kept was dropped,
+    /// so a slot still registered on a pending input waits for nothing.
+    fileprivate var isRetired: Bool {
+        pc_word_load(gate) & UInt(PC_GATE_RETIRED) != 0
+    }
+
     /// The output was cancelled: retires the aggregator now if no slot callback is
     /// running (one that is retires it when it leaves), so inputs that never settle do not
     /// keep the settled ones.
@@ -148,7 +154,25 @@ final class Aggregator: @unchecked Sendable {
             settled.release()
         }
         keptOutput.take()?.release()
+        // The slots still registered on pending inputs wait for nothing now: those inputs
+        // may take them off (`observerGaveUp`), so that an input that outlives many
+        // aggregates (`race([work, shutdown])` in a loop) keeps none of their slots.
+        for index in 0..<count where slots[index].settled == nil {
+            UnownedLink.load(inputWord(slots + index))?.observerGaveUp()
+        }
     }
+}
+
+/// For a pending input's prune (`AnyPromise.observerGaveUp`): takes `node`, a slot of a
+/// retired aggregator still registered on the input at `input`, off it. Its link to the
+/// input goes, then the registration's retain of the aggregator, as if it had fired.
+func takeRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: UInt) -> Bool {
+    let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
+    guard owner._withUnsafeGuaranteedRef({ $0.isRetired }) else { return false }
+    UnownedLink.clear(inputWord(slot), ifPointingAt: input)
+    owner.release()  // the registration's retain: may free the slot
+    return true
 }
 
 /// The fire callback of an aggregator slot: runs the policy on the settling thread.

@@ -44,6 +44,16 @@ extension AnyPromise {
     /// Whether observers are queued and not yet handed out (a snapshot, for descriptions).
     final var hasWaitingObservers: Bool { pc_has_waiting_observers(corePointer) }
 
+    /// Takes the observers that gave up off this pending promise (`pc_prune`): each node
+    /// is offered to `takeNodeIfItsObserverGaveUp`, which keeps it or takes it. The number of nodes
+    /// kept, or nil if the promise had settled (or another prune was running): then the
+    /// nodes fire or fired as usual. Only from a thread that holds the promise.
+    final func pruneObserversThatGaveUp() -> Int? {
+        var kept = 0
+        let context = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        return pc_prune(corePointer, takeNodeIfItsObserverGaveUp, context, &kept) ? kept : nil
+    }
+
     /// The number of nodes registered on this pending promise: tests only, and only while
     /// no other thread registers on it or settles it (it walks nodes another thread may be
     /// firing and freeing otherwise).

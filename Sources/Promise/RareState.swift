@@ -116,6 +116,11 @@ final class RareState: @unchecked Sendable {
     private var head: WaiterEntry?
     private unowned(unsafe) var tail: WaiterEntry?
     private var nodeRegistered = false
+    /// Observers of the promise that gave up since its last prune, and how many give-ups
+    /// start the next one (see `AnyPromise.observerGaveUp`).
+    private var gaveUpSincePrune = 0
+    private var gaveUpBeforePrune = RareState.minimumGaveUpBeforePrune
+    static let minimumGaveUpBeforePrune = 8
     private var fired = false
     /// The settling entries taken when the node fired, for its deferred half: written and
     /// read by the settling thread only.
@@ -172,6 +177,22 @@ final class RareState: @unchecked Sendable {
                 return true
             }
         }
+    }
+
+    /// Counts an observer that gave up; true when enough have to make a prune worth it.
+    fileprivate func countGaveUp() -> Bool {
+        withLock {
+            gaveUpSincePrune += 1
+            guard gaveUpSincePrune >= gaveUpBeforePrune else { return false }
+            gaveUpSincePrune = 0
+            return true
+        }
+    }
+
+    /// A prune kept `kept` nodes: the next waits for as many give-ups (at least the
+    /// minimum), so each prune's walk is paid for by the give-ups before it.
+    fileprivate func prunedKeeping(_ kept: Int) {
+        withLock { gaveUpBeforePrune = max(RareState.minimumGaveUpBeforePrune, kept) }
     }
 
     /// The entries waiting now (for tests and descriptions; takes the lock).
@@ -294,6 +315,30 @@ func rareStateCascadeEnd(_ node: UnsafeMutablePointer<pc_node>, _ source: Unsafe
 /// The fire callback of a `RareState`'s node (see `RareState.fire`).
 func rareStateFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     RareState.fire(node, source)
+}
+
+// MARK: Observers that gave up on a pending promise
+
+extension AnyPromise {
+    /// An observer registered on this promise no longer waits for it (today: a slot of a
+    /// combinator that settled without this input). Its node stays on the lock-free stack
+    /// until something takes it off: every so many give-ups (as many as the nodes the
+    /// last prune kept, and at least `RareState.minimumGaveUpBeforePrune`), the thread
+    /// that counts the last one prunes the stack (`pruneObserversThatGaveUp`). So a
+    /// promise that outlives many such observers keeps a bounded number of them, and each
+    /// give-up costs amortised O(1). A settled promise has fired its observers: nothing
+    /// to do.
+    final func observerGaveUp() {
+        guard isPending, rareState.countGaveUp(), let kept = pruneObserversThatGaveUp() else { return }
+        rareState.prunedKeeping(kept)
+    }
+}
+
+/// The prune callback (`pc_prune`): takes a node whose observer gave up, keeps any other.
+/// `context` is the pending promise's address.
+func takeNodeIfItsObserverGaveUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
+    guard nodeFires(node, through: aggregatorSlotFire) else { return false }
+    return takeRetiredAggregatorSlot(node, input: UInt(bitPattern: context))
 }
 
 extension AnyPromise {

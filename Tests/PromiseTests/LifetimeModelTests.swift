@@ -154,6 +154,40 @@ final class LifetimeModelTests: XCTestCase {
         pending.cancel()
     }
 
+    /// `race([work, shutdown])` in a loop runs in constant memory while `shutdown` stays
+    /// pending: the slots of the races that settled leave it, and observers that still
+    /// wait on it stay, in their order.
+    func testSettledRacesLeaveALongLivedInput() {
+        let shutdown = Promise<Int>()
+        let fired = Recorder<Int>()
+        for index in 0..<100 { shutdown.whenComplete(on: .immediate) { _ in fired.append(index) } }
+        for round in 0..<10_000 {
+            let work = Promise<Int>()
+            let race = Promise.race([work, shutdown])
+            work.fulfill(round)
+            XCTAssertEqual(value(race), round)
+        }
+        XCTAssertLessThanOrEqual(shutdown.debugObserverNodeCount, 200, "settled races stay registered")
+        shutdown.fulfill(-1)
+        XCTAssertEqual(fired.values, Array(0..<100), "the waiting observers fire once each, in order")
+    }
+
+    /// The same for `all` rejected early, `any` and `and`. (`allSettled` settles only once
+    /// every input did, or when cancelled, which cancels its inputs too.)
+    func testSettledCombinatorsLeaveALongLivedInput() {
+        let pending = Promise<Int>()
+        for round in 0..<2_000 {
+            let all = Promise.all([Promise<Int>(error: Reason(tag: round)), pending])
+            let any = Promise.any([Promise(value: round), pending])
+            let both = pending.and(Promise<Int>(error: Reason(tag: round)))
+            XCTAssertTrue(all.isRejected && any.isFulfilled && both.isRejected)
+        }
+        XCTAssertLessThanOrEqual(pending.debugObserverNodeCount, RareState.minimumGaveUpBeforePrune,
+                                 "settled combinators stay registered")
+        XCTAssertTrue(pending.isPending)
+        pending.cancel()
+    }
+
     /// An `.immediate` cascade frees each step once the next ran: at the end of a long
     /// `sequence` only the steps in flight are alive, not every one.
     func testImmediateSequenceFreesEachStepOnceTheNextRan() {
