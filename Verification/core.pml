@@ -27,6 +27,8 @@
  *                   steps below it, a side branch of the leaf that linked it early and then
  *                   settled, and the death of a step nobody holds (enterFlight, holds,
  *                   registry, deinit, forwarding; whole operations as single steps).
+ *   -DPRUNE         observers that gave up leave a pending promise (pc_prune): the
+ *                   pruner against registrations, give-ups and a publisher that meets it.
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -60,6 +62,11 @@
  *                          addHold makes a promise's first hold visible before its parent
  *                          counts one for it (the order this session's first version used).
  *
+ *   -DPRUNE -DBROKEN_PRUNE_ON_TOP, -DBROKEN_PRUNE_NO_HANDOVER, -DBROKEN_PRUNE_KEEPS_OUTCOME
+ *                          the pruner puts its nodes back above newer ones; the publisher
+ *                          ignores a prune in progress; the pruner ignores an outcome that
+ *                          arrived while it held the nodes (see Model 9).
+ *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
  * by pc_drain when the outermost scope on that thread ends) and asserts that a registrar's
@@ -89,7 +96,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -1377,5 +1384,290 @@ init {
     }
     timeout;
     assert(rstate[NL] == CANCELLED)
+}
+#endif
+
+#ifdef PRUNE
+/* ======================================================================================
+ * Model 9 (-DPRUNE): observers that gave up leave a pending promise (pc_prune), against
+ * registrations and a publisher that meets a prune in progress.
+ *
+ * One promise. Registrar A pushes node 1 then node 2, B node 3, C node 4 (pc_observe);
+ * nodes 2 and 3 give up right after their push (the owner's flag that the prune's `drop`
+ * callback reads). The pruner runs pc_prune twice: take the stack (the word becomes
+ * PENDING|FIRING), drop the nodes that gave up, put the rest back below the nodes pushed
+ * meanwhile; finding an outcome then, fire everything as pc_publish would. One settler
+ * (its claim won) runs pc_publish -> pc_fire_until_quiescent: finding a prune in progress
+ * it adds its outcome to the word and leaves the firing to the pruner.
+ *
+ * Properties: a node fires at most once, and never once dropped; a node is dropped at
+ * most once, and only if it gave up; the nodes fired by the publisher (or by the pruner
+ * for it) fire in the order they were pushed; a node that fires itself in pc_observe does
+ * so after every pushed node fired or was dropped; at the end every node fired or was
+ * dropped (none lost), and the word is the bare outcome.
+ *
+ * Broken variants (each must FAIL):
+ *   -DBROKEN_PRUNE_ON_TOP        the pruner puts its kept nodes back above those pushed
+ *                                meanwhile (the newer ones would fire first);
+ *   -DBROKEN_PRUNE_NO_HANDOVER   the publisher takes the word as if no prune held nodes;
+ *   -DBROKEN_PRUNE_KEEPS_OUTCOME the pruner, finding an outcome as it puts its nodes back,
+ *                                puts them back anyway (nobody fires them).
+ * ====================================================================================== */
+
+#define NNODES 4
+
+byte state = 0;              /* pc_promise.state: observer stack head | FIRING | outcome */
+byte nxt[NNODES + 1];        /* pc_node.next */
+bit  gaveUp[NNODES + 1];     /* the owner's flag, read by drop() */
+
+/* Ghost state, for the properties only. */
+bit  fired[NNODES + 1];
+bit  dropped[NNODES + 1];
+byte pushOrder[NNODES + 1];  /* position of n among the successful pushes (0: never pushed) */
+byte pushCount = 0;
+byte lastFiredOrder = 0;     /* pushOrder of the last pushed node fired */
+
+#define DONE(k) (pushOrder[k] == 0 || fired[k] || dropped[k])
+
+/* node->fire(node, promise) from pc_fire_in_order, on the publisher's or pruner's thread. */
+inline fire_pushed(n) {
+    d_step {
+        assert(!fired[n] && !dropped[n]);               /* once, never after a drop */
+        assert((state & OUTCOME_MASK) == FULFILLED);    /* after the outcome is in the word */
+        assert(pushOrder[n] > lastFiredOrder);          /* in push (registration) order */
+        printf("%d: fires pushed node %d\n", _pid, n);
+        lastFiredOrder = pushOrder[n];
+        fired[n] = 1
+    }
+}
+
+/* pc_fire_in_order(stack, promise): reverse the (private) stack, fire each node. */
+inline fire_in_order(stack) {
+    d_step {
+        ordered = 0;
+        do
+        :: stack != 0 -> n = nxt[stack]; nxt[stack] = ordered; ordered = stack; stack = n
+        :: else -> break
+        od;
+        n = 0
+    };
+    do
+    :: ordered != 0 -> n = ordered; nx = nxt[n]; fire_pushed(n); ordered = nx
+    :: else -> break
+    od
+}
+
+/* static void pc_fire_until_quiescent(promise, outcome, seen), CPromiseCore.c */
+inline fire_until_quiescent(outc, sn) {
+    do
+#ifndef BROKEN_PRUNE_NO_HANDOVER
+    :: (sn & TAG_MASK) == FIRING ->
+        /* a pruner holds the older nodes: add the outcome, leave the firing to it */
+        d_step {
+            if
+            :: state == sn -> state = sn | outc; ok = true;
+                printf("%d: pc_publish hands the firing to the pruner\n", _pid)
+            :: else -> sn = state; ok = false
+            fi
+        };
+        if
+        :: ok -> break
+        :: else
+        fi
+#endif
+    :: else ->
+        stack = HEAD(sn);
+        nextw = (stack != 0 -> (outc | FIRING) : outc);
+        d_step {
+            if
+            :: state == sn -> state = nextw; ok = true
+            :: else -> sn = state; ok = false
+            fi
+        };
+        if
+        :: !ok -> skip
+        :: ok && stack == 0 -> break              /* quiescent */
+        :: ok && stack != 0 -> fire_in_order(stack); sn = nextw
+        fi
+    od
+}
+
+/* void pc_observe(pc_promise *promise, pc_node *node), CPromiseCore.c */
+inline observe(node) {
+    seen = state;
+    do
+    :: (seen & OUTCOME_MASK) != PENDING && (seen & FIRING) == 0 ->
+        d_step {                                  /* settled and quiescent: fire itself */
+            assert(!fired[node] && !dropped[node]);
+            assert(DONE(1) && DONE(2) && DONE(3) && DONE(4));   /* after every pushed node */
+            fired[node] = 1
+        };
+        break
+    :: else ->
+        d_step {                                  /* CAS push, keeping the tag bits */
+            if
+            :: state == seen ->
+                nxt[node] = HEAD(seen);
+                state = WORD(node, seen & TAG_MASK);
+                pushCount++;
+                pushOrder[node] = pushCount;
+                ok = true
+            :: else -> seen = state; ok = false
+            fi
+        };
+        if
+        :: ok -> break
+        :: else
+        fi
+    od
+}
+
+proctype Registrar(byte first; byte count; byte givesUp) {
+    byte seen, node;
+    bool ok;
+    node = first;
+    do
+    :: node < first + count ->
+        observe(node);
+        if
+        :: node == givesUp -> gaveUp[node] = 1    /* its owner stops caring */
+        :: else
+        fi;
+        node++
+    :: else -> break
+    od
+}
+
+proctype Settler() {
+    byte seen, stack, nextw, ordered, n, nx;
+    bool ok;
+    /* pc_publish: the claim was won and the value stored; outcome FULFILLED */
+    seen = state;
+    assert((seen & OUTCOME_MASK) == PENDING);     /* pc_die: published twice */
+    fire_until_quiescent(FULFILLED, seen)
+}
+
+/* bool pc_prune(promise, drop, context, &kept), CPromiseCore.c, twice. */
+proctype Pruner() {
+    byte seen, taken, kept, keptTail, head, tail, outc, stack, nextw, ordered, n, nx, rounds;
+    bool ok;
+    do
+    :: rounds < 2 ->
+        rounds++;
+        ok = false;
+        seen = state;
+        do
+        :: (seen & TAG_MASK) != PENDING -> break  /* settled, firing: return false */
+        :: seen == PENDING -> break               /* nothing registered */
+        :: else ->
+            d_step {                              /* CAS seen -> PENDING|FIRING */
+                if
+                :: state == seen -> state = FIRING; taken = HEAD(seen); ok = true
+                :: else -> seen = state
+                fi
+            };
+            if
+            :: ok -> break
+            :: else
+            fi
+        od;
+        if
+        :: ok ->
+            /* filter, newest first, keeping the order */
+            kept = 0; keptTail = 0; n = taken;
+            do
+            :: n != 0 ->
+                nx = nxt[n];                      /* before drop */
+                d_step {                          /* drop(node, context) */
+                    if
+                    :: gaveUp[n] ->
+                        assert(!fired[n] && !dropped[n]);
+                        dropped[n] = 1;
+                        printf("%d: pc_prune drops node %d\n", _pid, n)
+                    :: else ->
+                        if
+                        :: kept == 0 -> kept = n
+                        :: else -> nxt[keptTail] = n
+                        fi;
+                        keptTail = n
+                    fi
+                };
+                n = nx
+            :: else -> break
+            od;
+            if
+            :: keptTail != 0 -> nxt[keptTail] = 0
+            :: else
+            fi;
+            /* put the kept nodes back below those pushed meanwhile */
+            seen = state;
+            do
+            :: d_step {                           /* private: only we take nodes now */
+                   head = HEAD(seen);
+                   if
+                   :: head == 0 -> head = kept
+                   :: else ->
+#ifdef BROKEN_PRUNE_ON_TOP
+                       if
+                       :: kept != 0 -> nxt[keptTail] = head; head = kept
+                       :: else
+                       fi
+#else
+                       tail = head;
+                       do
+                       :: nxt[tail] != 0 && nxt[tail] != kept -> tail = nxt[tail]
+                       :: else -> break
+                       od;
+                       nxt[tail] = kept
+#endif
+                   fi;
+                   outc = seen & OUTCOME_MASK;
+#ifdef BROKEN_PRUNE_KEEPS_OUTCOME
+                   nextw = WORD(head, outc)
+#else
+                   nextw = (outc == PENDING -> WORD(head, PENDING) : (outc | FIRING))
+#endif
+               };
+               d_step {
+                   if
+                   :: state == seen -> state = nextw; ok = true
+                   :: else -> seen = state; ok = false
+                   fi
+               };
+               if
+               :: ok -> break
+               :: else
+               fi
+            od;
+#ifndef BROKEN_PRUNE_KEEPS_OUTCOME
+            if
+            :: outc != PENDING ->                 /* the publisher left the firing to us */
+                stack = head;
+                fire_in_order(stack);
+                fire_until_quiescent(outc, nextw)
+            :: else
+            fi
+#endif
+        :: else
+        fi
+    :: else -> break
+    od
+}
+
+init {
+    atomic {
+        run Registrar(1, 2, 2);
+        run Registrar(3, 1, 3);
+        run Registrar(4, 1, 0);
+        run Pruner();
+        run Settler()
+    }
+    timeout;
+    assert(state == FULFILLED);                   /* the bare outcome: nothing left queued */
+    assert(fired[1] || dropped[1]);
+    assert(fired[2] || dropped[2]);
+    assert(fired[3] || dropped[3]);
+    assert(fired[4] || dropped[4]);
+    assert(!dropped[1] && !dropped[4])            /* only nodes that gave up are dropped */
 }
 #endif

@@ -77,6 +77,10 @@ $(eval $(call verify_run,gate-safety,pass,-DGATE -DNCB=3,$(PAN_SAFETY),-m100000)
 # branch that linked the leaf early, the step's death.
 $(eval $(call verify_run,reach-safety,pass,-DREACH_MODEL,$(PAN_SAFETY),-m100000))
 
+# Pruning: observers that gave up leave a pending promise, against registrations and a
+# publisher that meets the prune (and hands it the firing).
+$(eval $(call verify_run,prune-safety,pass,-DPRUNE,$(PAN_SAFETY),-m100000))
+
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
 
@@ -92,6 +96,10 @@ $(eval $(call verify_run,broken-cycle-check-first,fail,-DCYCLE -DNRING=2 -DBROKE
 $(eval $(call verify_run,broken-reach-hold-if-unlinked,fail,-DREACH_MODEL -DBROKEN_HOLD_IF_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-gate-ignores-inside,fail,-DGATE -DNCB=3 -DBROKEN_GATE_IGNORES_INSIDE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
+
+$(eval $(call verify_run,broken-prune-on-top,fail,-DPRUNE -DBROKEN_PRUNE_ON_TOP,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-prune-no-handover,fail,-DPRUNE -DBROKEN_PRUNE_NO_HANDOVER,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-prune-keeps-outcome,fail,-DPRUNE -DBROKEN_PRUNE_KEEPS_OUTCOME,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"
