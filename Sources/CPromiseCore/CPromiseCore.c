@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PC_OUTCOME_MASK ((uintptr_t)3u)
 #define PC_STATE_FIRING ((uintptr_t)4u)
@@ -36,15 +37,25 @@ static void pc_die(const char *function, const char *what, uintptr_t word) {
 /* ---- the per-thread trampoline -------------------------------------------------- */
 
 /*
- * Thread-local FIFO of deferred nodes. `depth` counts the pc_publish / pc_observe
- * scopes active on this thread; the one that brings it back to zero drains the queue.
- * Only this thread touches it: no atomics.
+ * Thread-local FIFO of deferred nodes, and the references kept until the cascade ends.
+ * `depth` counts the pc_publish / pc_observe scopes active on this thread; the one that
+ * brings it back to zero drains both. Only this thread touches them: no atomics.
  */
+typedef struct {
+    pc_release_fn release;
+    void *item;
+} pc_kept;
+
+enum { PC_KEPT_INLINE = 32 }; /* kept references without an allocation */
+
 static _Thread_local struct {
     pc_node *head;
     pc_node *tail;
-    pc_node *late; /* pc_defer_late's stack, run once the FIFO is empty */
+    pc_kept *kept;        /* kept_inline, a larger heap buffer, or NULL before first use */
+    size_t kept_count;
+    size_t kept_capacity; /* of `kept`: 0 before first use */
     unsigned depth;
+    pc_kept kept_inline[PC_KEPT_INLINE];
 } pc_trampoline;
 
 /* The cascade watch (inline in pc_promise.h): thread-local, no atomics. */
@@ -63,12 +74,20 @@ static void pc_drain(void) {
             if (pc_trampoline.head == NULL) {
                 pc_trampoline.tail = NULL;
             }
-        } else if ((node = pc_trampoline.late) != NULL) {
-            pc_trampoline.late = node->next;
+            node->fire(node, NULL);
+        } else if (pc_trampoline.kept_count != 0) {
+            /* Newest first; a release may defer more work, which runs before the next. */
+            pc_kept kept = pc_trampoline.kept[--pc_trampoline.kept_count];
+            kept.release(kept.item);
         } else {
             break;
         }
-        node->fire(node, NULL);
+    }
+    /* A long cascade's buffer goes with it: an idle thread keeps only the inline one. */
+    if (pc_trampoline.kept_capacity > PC_KEPT_INLINE) {
+        free(pc_trampoline.kept);
+        pc_trampoline.kept = NULL;
+        pc_trampoline.kept_capacity = 0;
     }
     pc_trampoline.depth = 0;
 }
@@ -79,7 +98,7 @@ static inline void pc_scope_enter(void) {
 
 static inline void pc_scope_leave(void) {
     pc_trampoline.depth -= 1;
-    if (pc_trampoline.depth == 0 && (pc_trampoline.head != NULL || pc_trampoline.late != NULL)) {
+    if (pc_trampoline.depth == 0 && (pc_trampoline.head != NULL || pc_trampoline.kept_count != 0)) {
         pc_drain();
     }
 }
@@ -100,15 +119,38 @@ void pc_defer(pc_node *node) {
     }
 }
 
-bool pc_defer_late(pc_node *node) {
-    if (node->fire == NULL) {
-        pc_die("pc_defer_late", "node has no fire callback", (uintptr_t)node);
+/* Makes room for one more kept reference: the inline buffer first, then doubling. Out of
+ * line, so that the common path of pc_keep_until_cascade_end stays a few instructions. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+static void pc_kept_grow(void) {
+    if (pc_trampoline.kept == NULL) {
+        pc_trampoline.kept = pc_trampoline.kept_inline;
+        pc_trampoline.kept_capacity = PC_KEPT_INLINE;
+        return;
     }
+    size_t capacity = pc_trampoline.kept_capacity;
+    pc_kept *grown = malloc(2 * capacity * sizeof *grown);
+    if (grown == NULL) {
+        pc_die("pc_keep_until_cascade_end", "out of memory", (uintptr_t)capacity);
+    }
+    memcpy(grown, pc_trampoline.kept, capacity * sizeof *grown);
+    if (pc_trampoline.kept != pc_trampoline.kept_inline) {
+        free(pc_trampoline.kept);
+    }
+    pc_trampoline.kept = grown;
+    pc_trampoline.kept_capacity = 2 * capacity;
+}
+
+bool pc_keep_until_cascade_end(void *item, pc_release_fn release) {
     if (pc_trampoline.depth == 0) {
         return false;
     }
-    node->next = pc_trampoline.late;
-    pc_trampoline.late = node;
+    if (pc_trampoline.kept_count == pc_trampoline.kept_capacity) {
+        pc_kept_grow();
+    }
+    pc_trampoline.kept[pc_trampoline.kept_count++] = (pc_kept){release, item};
     return true;
 }
 
@@ -207,7 +249,8 @@ static void pc_fire_until_quiescent(pc_promise *promise, uintptr_t outcome, uint
     for (;;) {
         if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
             /* A pruner holds the older nodes (pc_prune): it fires them, then ours, in
-             * order. full: release publishes the outcome value to the pruner (and to every
+             * order. Only a pending word can say so: once settled, no prune starts.
+             * full: release publishes the outcome value to the pruner (and to every
              * thread that sees the tag), as the CAS below does. */
             uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
                 PC_WORD(&promise->state), (AO_t)seen, (AO_t)(seen | outcome));
@@ -217,25 +260,31 @@ static void pc_fire_until_quiescent(pc_promise *promise, uintptr_t outcome, uint
             seen = was;
             continue;
         }
-        pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
-        /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
-        uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
-        /* full (acquire + release): release publishes the outcome value stored before
-         * this call to every thread whose acquire load later sees the tag (pc_state,
-         * pc_observe); acquire pairs with the release push in pc_observe (and the
-         * put-back in pc_prune), so the nodes taken and the objects embedding them are
-         * fully visible before they fire. */
-        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
-        if (was != seen) {
-            seen = was;
-            continue;
+        /* Until the word is quiescent: no prune can start on a settled promise. */
+        for (;;) {
+            pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
+            /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
+            uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
+            /* full (acquire + release): release publishes the outcome value stored before
+             * this call to every thread whose acquire load later sees the tag (pc_state,
+             * pc_observe); acquire pairs with the release push in pc_observe (and the
+             * put-back in pc_prune), so the nodes taken and the objects embedding them are
+             * fully visible before they fire. */
+            uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+                PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
+            if (was != seen) {
+                seen = was;
+                if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
+                    break; /* a prune began before our outcome went in: hand over */
+                }
+                continue;
+            }
+            if (stack == NULL) {
+                return; /* quiescent: late registrations now fire themselves */
+            }
+            pc_fire_in_order(stack, promise);
+            seen = next; /* the CAS above tells us if registrations arrived meanwhile */
         }
-        if (stack == NULL) {
-            return; /* quiescent: late registrations now fire themselves */
-        }
-        pc_fire_in_order(stack, promise);
-        seen = next; /* the CAS above tells us if registrations arrived meanwhile */
     }
 }
 

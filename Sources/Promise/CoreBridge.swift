@@ -102,9 +102,31 @@ extension AnyPromise {
     /// the observers in registration order.
     @inlinable
     final func publishClaimedOutcome() {
+        // Roots and a root's children never hold anything (`holdsItsParentInFlight`).
+        let parent = corePointer.pointee.parent
+        guard parent & ParentLink.parentIsRoot == 0, parent != 0 else { return pc_publish(corePointer) }
+        // A promise in flight lets its path go once its inline children no longer need it.
+        if pc_holds_self_hint(corePointer) { return publishLeavingFlight() }
         pc_publish(corePointer)
-        // A promise that was in flight lets its path go (see `holdPathWhileInFlight`).
+        // It went in flight while we published (see `holdPathWhileInFlight`): one of the
+        // two drops the hold.
         if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
+    }
+
+    /// `publishClaimedOutcome` for a promise in flight (its path held): the path goes
+    /// after the publish, or, if the publish fired `.immediate` children on this thread
+    /// inside a cascade, once the cascade ended, since those children run later in it and
+    /// may look up through the path (see `keepUntilCascadeEnds`).
+    @usableFromInline
+    final func publishLeavingFlight() {
+        let previousWatch = watchCascade()
+        pc_publish(corePointer)
+        if AnyPromise.endCascadeWatch(previousWatch) {
+            let retained = Unmanaged.passRetained(self)
+            if keepUntilCascadeEnds(retained, then: dropKeptSelfHold) { return }
+            retained.release()  // outside a cascade: its children ran inside the publish
+        }
+        dropSelfHold()
     }
 
     /// The published outcome if this promise has settled, nothing fires it now, and this
@@ -251,8 +273,9 @@ enum HeldMemory {
 /// The parent word: the parent's address (its memory held, see `parentIfAlive`), with
 /// `parentIsRoot` in bit 0, so that a child knows without touching the parent whether it
 /// ever holds it (`holdsItsParentInFlight`).
+@usableFromInline
 enum ParentLink {
-    static let parentIsRoot: UInt = 1
+    @usableFromInline static let parentIsRoot: UInt = 1
     static let addressMask: UInt = ~UInt(7)
 }
 
@@ -440,10 +463,26 @@ extension AnyPromise {
         pc_word_store(followeeWord, value)
     }
 
-    /// Runs the node's fire callback once the current cascade is over; false outside one.
-    final func deferUntilCascadeEnds() -> Bool {
-        deferNodeUntilCascadeEnds(nodePointer)
-    }
+}
+
+/// Keeps `retained` until the cascade this thread is in has ended, then calls `then` with
+/// it (`pc_keep_until_cascade_end`); false, doing nothing, outside a cascade (the caller
+/// lets go itself).
+func keepUntilCascadeEnds(_ retained: Unmanaged<AnyPromise>, then: pc_release_fn) -> Bool {
+    pc_keep_until_cascade_end(retained.toOpaque(), then)
+}
+
+/// The end of a cascade for a promise kept by `keepUntilCascadeEnds`: lets it go.
+func releaseKeptPromise(_ item: UnsafeMutableRawPointer) {
+    Unmanaged<AnyPromise>.fromOpaque(item).release()
+}
+
+/// The end of a cascade for a promise that left flight inside it
+/// (`publishLeavingFlight`): drops its path, then lets it go.
+func dropKeptSelfHold(_ item: UnsafeMutableRawPointer) {
+    let promise = Unmanaged<AnyPromise>.fromOpaque(item)
+    promise._withUnsafeGuaranteedRef { $0.dropSelfHold() }
+    promise.release()
 }
 
 /// The process-wide forwarding epoch (see `pc_forwarding_epoch`).
@@ -494,11 +533,6 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
     pc_defer(node)
 }
 
-/// Runs `node`'s fire callback once the current cascade is over (`pc_defer_late`); false,
-/// doing nothing, outside one.
-func deferNodeUntilCascadeEnds(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
-    pc_defer_late(node)
-}
 
 /// A full memory fence, StoreLoad included (`pc_fence`).
 func fullFence() {

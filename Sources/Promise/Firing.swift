@@ -33,13 +33,6 @@ func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     }
 }
 
-/// The late callback of `keepParentUntilCascadeEnds`: the cascade is over; the promise
-/// lets its parent go, then the late node's retain of it goes.
-func cascadeEndFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let promise = AnyPromise.owner(ofNode: node).takeRetainedValue()
-    promise.settledParentRetain.take()?.release()
-}
-
 extension AnyPromise {
     /// The observed promise (parent or followee) settled; `retained` is the retain the
     /// node carried, which this keeps (deferring the node) or releases. The caller borrows
@@ -149,28 +142,23 @@ extension AnyPromise {
     }
 
     /// In a cascade of handlers run inline by one settling call (`.immediate` children
-    /// settling their own children), keeps this promise and its hold on `parentRetain`
-    /// until the cascade is over (`pc_defer_late`), then drops both, newest first. So
-    /// while any handler of the cascade runs, every promise the cascade went through is
-    /// alive, and a cancel of an ancestor that someone holds still finds that handler's
+    /// settling their own children), keeps this promise's hold on its parent until the
+    /// cascade is over (`keepUntilCascadeEnds`), then drops it, newest first. So while any
+    /// handler of the cascade runs, every promise above it that the cascade went through
+    /// is alive, and a cancel of an ancestor that someone holds still finds that handler's
     /// child (through `cancelReasonFromAncestors`, or through the registries of a child
-    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False, doing
-    /// nothing, outside a cascade (a handler run by its context), or when this promise's
-    /// node went on to follow a promise (it is registered there, and the follow holds the
-    /// path itself).
+    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False,
+    /// doing nothing, outside a cascade (a handler run by its context), below a root
+    /// parent (nobody can cancel a root that nobody holds), or when this promise's node
+    /// went on to follow a promise (the follow holds the path itself).
     ///
-    /// Cost, for a child whose parent is not a root: a retain and release of this promise
-    /// and two thread-local list operations per inline handler; the cascade's promises, which were alive before it started,
-    /// are freed when it ends rather than one by one (no more memory at the peak).
+    /// Cost: a thread-local store per inline handler, and the release at the end; the
+    /// cascade's promises, which were alive before it started, are freed when it ends
+    /// rather than one by one.
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
-        // A root parent needs no keeping: nobody can cancel a root that nobody holds, and
-        // one that somebody holds is alive anyway (as for `holdPathWhileInFlight`).
-        guard holdsItsParentInFlight, followeeAddress == nil else { return false }
-        nodePointer.pointee.fire = cascadeEndFire
-        guard deferUntilCascadeEnds() else { return false }
-        settledParentRetain = parentRetain
-        _ = Unmanaged.passRetained(self)  // for the late node, released by `cascadeEndFire`
-        return true
+        // This thread's handler recorded any followee itself: a plain read of our own write.
+        guard holdsItsParentInFlight, followeeWord.pointee == 0 else { return false }
+        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first

@@ -287,29 +287,9 @@ final class RareState: @unchecked Sendable {
         let keep = settled._withUnsafeGuaranteedRef { source in
             rare.settleFollowers(from: source) && source.parentAddress != nil
         }
-        if keep {
-            // The node is done with the list: it now waits for the cascade's end.
-            rare.sourceRetain = settled
-            rare.nodePointer.pointee.fire = rareStateCascadeEnd
-            if deferNodeUntilCascadeEnds(rare.nodePointer) {
-                _ = Unmanaged.passRetained(rare)  // for the late node
-                return
-            }
-            rare.sourceRetain = nil
-        }
+        if keep && keepUntilCascadeEnds(settled, then: releaseKeptPromise) { return }
         settled.release()
     }
-
-    /// The cascade that settled the timeout children ended: lets the source go.
-    fileprivate static func cascadeEnded(_ node: UnsafeMutablePointer<pc_node>) {
-        let rare = CoreLayout.owner(ofFirstField: node, as: RareState.self).takeRetainedValue()
-        rare.sourceRetain.take()?.release()
-    }
-}
-
-/// The late callback of a `RareState`'s node (see `RareState.fire`).
-func rareStateCascadeEnd(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    RareState.cascadeEnded(node)
 }
 
 /// The fire callback of a `RareState`'s node (see `RareState.fire`).

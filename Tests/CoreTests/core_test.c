@@ -451,6 +451,73 @@ static void test_defer_inside_fire_runs_after_it(verdict *v) {
     check_self_deferrer(v, &settled, "fired by pc_observe");
 }
 
+/* pc_keep_until_cascade_end: nothing kept outside a scope; inside one, every kept
+ * reference is released after the deferred work, newest first, before the outermost
+ * call returns, past the inline buffer too; work a release defers runs before the next
+ * release. */
+enum { KEEP_COUNT = 100 };
+
+static struct {
+    unsigned released[KEEP_COUNT];
+    unsigned release_count;
+    unsigned deferred_seen; /* deferred runs seen by the first release */
+    unsigned deferred_runs;
+    bool late_deferral_ran_first; /* the work deferred by release #KEEP_COUNT-1 ran before #KEEP_COUNT-2 */
+    pc_node late;
+} keeps;
+
+static void keep_deferred_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    (void)source;
+    keeps.deferred_runs += 1;
+}
+
+static void keep_release(void *item) {
+    unsigned index = (unsigned)(uintptr_t)item;
+    if (keeps.release_count == 0) {
+        keeps.deferred_seen = keeps.deferred_runs;
+    }
+    if (index == KEEP_COUNT - 2) {
+        keeps.late_deferral_ran_first = keeps.deferred_runs == 2;
+    }
+    keeps.released[keeps.release_count++] = index;
+    if (index == KEEP_COUNT - 1) {
+        keeps.late.fire = keep_deferred_fire;
+        pc_defer(&keeps.late); /* inside the drain: runs before the next release */
+    }
+}
+
+static void keep_all_fire(pc_node *node, pc_promise *source) {
+    if (source == NULL) {
+        return;
+    }
+    for (unsigned i = 0; i < KEEP_COUNT; i++) {
+        if (!pc_keep_until_cascade_end((void *)(uintptr_t)i, keep_release)) {
+            return;
+        }
+    }
+    node->fire = keep_deferred_fire;
+    pc_defer(node); /* deferred work: runs before any kept reference is released */
+}
+
+static void test_keep_until_cascade_end(verdict *v) {
+    memset(&keeps, 0, sizeof keeps);
+    CHECK(v, !pc_keep_until_cascade_end((void *)1, keep_release), "kept outside a scope");
+    test_promise p = {0};
+    observer o;
+    observer_init(&o, keep_all_fire, 0, 0);
+    pc_observe(&p.core, &o.node);
+    CHECK(v, settle(&p, PC_CLAIM_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    CHECK(v, keeps.release_count == KEEP_COUNT, "%u references released by the time pc_publish "
+          "returned, want %u", keeps.release_count, (unsigned)KEEP_COUNT);
+    CHECK(v, keeps.deferred_seen == 1, "the first release ran before the deferred work");
+    for (unsigned i = 0; i < KEEP_COUNT; i++) {
+        CHECK(v, keeps.released[i] == KEEP_COUNT - 1 - i, "release #%u was of reference %u, want "
+              "newest first", i, keeps.released[i]);
+    }
+    CHECK(v, keeps.late_deferral_ran_first, "work deferred by a release ran after the next release");
+}
+
 /* pc_inline_begin opens a scope only on a settled, quiescent promise and only outside
  * every scope; what the inline observer defers runs at pc_inline_end, not before. */
 static test_promise *inline_probe_target;
@@ -1490,6 +1557,7 @@ int main(void) {
 
     run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
     run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
+    run_test("keep until cascade end: after deferred work, newest first", test_keep_until_cascade_end);
     run_test("inline observation: only outside scopes, on a quiescent outcome", test_inline_begin_end);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);

@@ -78,6 +78,28 @@ final class LifetimeModelTests: XCTestCase {
 
     // MARK: Follow chains are linear
 
+    /// A follower that adopts its followee's outcome inside a cascade (the followee settled
+    /// on another thread) keeps its path until the cascade ends: its `.immediate` child,
+    /// still running when the root is cancelled, ends cancelled, not fulfilled.
+    func testCancelReachesTheRunningChildOfAFollowerThatJustSettled() {
+        for round in 0..<20 {
+            let root = Promise<Int>()
+            let followed = Promise<Int>()
+            let running = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
+            let child = root.then(on: .immediate) { $0 + 1 }
+                .then(on: .immediate) { _ in followed }
+                .then(on: .immediate) { value -> Int in running.signal(); go.wait(); return value }
+            root.fulfill(1)
+            DispatchQueue.global().async { followed.fulfill(5) }
+            running.wait()
+            root.cancel(reason: Reason(tag: round))
+            go.signal()
+            XCTAssertThrowsError(try child.wait(timeout: .seconds(10))) {
+                XCTAssertEqual($0 as? Reason, Reason(tag: round), "the running child escaped the cancel")
+            }
+        }
+    }
+
     /// A handler returning the pending promise of the level below, built inner-first
     /// (Promises/A+ 2.3.2 nesting): each link costs O(1), not the chain's length.
     func testInnerFirstNestingIsLinear() {

@@ -52,15 +52,16 @@
  *   pc_has_waiting_observers  any thread, any time   wait-free (one load)
  *   pc_defer        from inside a fire callback,     wait-free (thread-local)
  *                   or any thread to run a node now
- *   pc_defer_late   any thread (false outside a      wait-free (thread-local)
- *                   trampoline scope)
+ *   pc_keep_until_cascade_end  any thread (false     wait-free (thread-local; amortised
+ *                   outside a trampoline scope)      O(1), an allocation past 32 kept)
  *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
  *   pc_cascade_*    any thread, watch/end paired     wait-free (thread-local)
  *   pc_detach       only the owner's deinit          wait-free (one load)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which. pc_claimed and pc_state are reads and race with nothing; pc_defer,
- * pc_defer_late, pc_inline_* and pc_cascade_* touch only the calling thread's trampoline.
+ * pc_keep_until_cascade_end, pc_inline_* and pc_cascade_* touch only the calling
+ * thread's trampoline.
  *
  *                   pc_observe  pc_claim  pc_publish  pc_state  pc_detach
  *   pc_observe      no          no        no          no        yes (owner must be alive)
@@ -222,12 +223,16 @@ bool pc_has_waiting_observers(const pc_promise *_Nonnull promise);
 void pc_defer(pc_node *_Nonnull node);
 
 /*
- * Runs node->fire(node, NULL) on this thread once the current scope's deferred work is
- * all done, newest first, still before the outermost pc_publish / pc_observe returns; or
- * returns false, doing nothing, when the thread is in no scope. The overlay keeps the
- * promises of a cascade of inline handlers alive until the cascade ends this way.
+ * Keeps `item` until the current cascade ends: `release(item)` runs on this thread once
+ * the scope's deferred work is all done, newest first, still before the outermost
+ * pc_publish / pc_observe / pc_defer returns; or returns false, keeping nothing, when
+ * the thread is in no scope. The overlay keeps the path above a cascade of inline
+ * handlers alive this way while they may still look up through it. No allocation for
+ * the first 32 references kept; a longer cascade's buffer doubles as it grows and is
+ * freed when it ends.
  */
-bool pc_defer_late(pc_node *_Nonnull node);
+typedef void (*pc_release_fn)(void *_Nonnull item);
+bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);
 
 /*
  * The cascade watch: whether the handler this thread is about to run settles its own

@@ -100,6 +100,15 @@ void pc_holds_mark_gone(pc_promise *_Nonnull promise);
 uintptr_t pc_holds(const pc_promise *_Nonnull promise);
 
 /*
+ * Whether PC_HOLDS_SELF is set, as a hint (relaxed, and inline: the publisher of every
+ * promise that may hold asks before it publishes; a decision taken on it is confirmed
+ * with pc_holds after pc_publish).
+ */
+static inline bool pc_holds_self_hint(const pc_promise *_Nonnull promise) {
+    return (__atomic_load_n(&promise->holds, __ATOMIC_RELAXED) & PC_HOLDS_SELF) != 0;
+}
+
+/*
  * The forwarding epoch: one process-wide word that brackets every cancel forwarded through
  * an already settled promise (pc_forwarding_begin before its PUBLISHED bit is set,
  * pc_forwarding_end after). Low bits count the forwards in progress, the rest is an epoch
