@@ -29,6 +29,9 @@
  *                   registry, deinit, forwarding; whole operations as single steps).
  *   -DPRUNE         observers that gave up leave a pending promise (pc_prune): the
  *                   pruner against registrations, give-ups and a publisher that meets it.
+ *   -DCASCADE_MODEL a cascade keeps the path its inline handlers look up through: a
+ *                   chain's step keeps its parent, a follower settling inside a cascade
+ *                   keeps its holds, against a cancel of the root.
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -66,6 +69,9 @@
  *                          the pruner puts its nodes back above newer ones; the publisher
  *                          ignores a prune in progress; the pruner ignores an outcome that
  *                          arrived while it held the nodes (see Model 9).
+ *   -DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT, -DBROKEN_FOLLOWER_DROPS_PATH
+ *                          a chain's step lets its parent go when its handler is done; a
+ *                          follower drops its holds right after its publish (Model 10).
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -96,7 +102,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -1669,5 +1675,104 @@ init {
     assert(fired[3] || dropped[3]);
     assert(fired[4] || dropped[4]);
     assert(!dropped[1] && !dropped[4])            /* only nodes that gave up are dropped */
+}
+#endif
+
+#ifdef CASCADE_MODEL
+/* ======================================================================================
+ * Model 10 (-DCASCADE_MODEL): a cascade keeps the path its inline handlers look up
+ * through. R is a settled root its canceller holds. Two cascades run at once, each on its
+ * own thread, each ending with an `.immediate` handler that claims its child's outcome
+ * and then looks up (cancelReasonFromAncestors; the epoch has moved, so it walks: each
+ * ancestor tried with swift_tryRetain, a dead one ends the walk):
+ *
+ *   chain:    R -> A -> B -> C. B's handler ran holding A (settledParentRetain) and its
+ *             publish fired C inline; B then keeps A until the cascade ends
+ *             (keepParentUntilCascadeEnds), C's handler runs, claims, and looks up
+ *             through B (held by C) and A. Nobody else holds A.
+ *   follower: R -> P -> X -> Z. X followed a promise and was in flight, its holds keeping
+ *             P; the followed promise settled on this thread, inside a cascade: X adopts
+ *             and publishes, firing Z inline; X keeps its holds until the cascade ends
+ *             (publishLeavingFlight), Z's handler runs, claims, and looks up through X
+ *             (held by Z) and P. Nobody else holds P.
+ *
+ * Each overlay operation is one atomic step (other models check their insides); the
+ * canceller's R.cancel() publishes R's reason in one step.
+ *
+ * Property: a handler's child whose claim came after R.cancel() returned ends cancelled.
+ *
+ * Broken variants (each must FAIL):
+ *   -DBROKEN_CHAIN_DROPS_PARENT  B lets A go when its handler is done;
+ *   -DBROKEN_FOLLOWER_DROPS_PATH X drops its holds right after its publish (the code before
+ *                                this model: A dies before Z looks up).
+ * ====================================================================================== */
+
+#define CA 0          /* the chain's A */
+#define CP 1          /* the follower's P */
+bit  cAlive[2];
+byte cRefs[2];
+bit  rCarries;        /* R's reason published (CANCEL_PUBLISHED) */
+bit  cancelReturned;  /* ghost: R.cancel() has returned */
+bit  claimAfterCancel[2];
+byte childState[2];   /* C's and Z's outcome */
+
+inline release(n) {
+    cRefs[n] = cRefs[n] - 1;
+    if :: cRefs[n] == 0 -> cAlive[n] = 0 :: else fi
+}
+
+/* The handler's child claims, then walks: its parent (held by it, carrying nothing),
+ * then the ancestor n (tried), then R. */
+inline claim_and_look_up(n) {
+    d_step { claimAfterCancel[n] = cancelReturned };
+    d_step {                                  /* swift_tryRetain on the ancestor */
+        if :: cAlive[n] -> cRefs[n] = cRefs[n] + 1; got = 1 :: else -> got = 0 fi
+    };
+    if
+    :: got ->
+        if :: rCarries -> found = 1 :: else -> found = 0 fi;   /* R, the ancestor's parent */
+        d_step { release(n) }
+    :: else -> found = 0                      /* a dead ancestor ends the walk */
+    fi;
+    childState[n] = (found -> CANCELLED : FULFILLED)
+}
+
+proctype ChainCascade() {
+    bit got, found, kept;
+#ifdef BROKEN_CHAIN_DROPS_PARENT
+    d_step { release(CA) };                   /* B's handler done: A goes */
+#else
+    kept = 1;                                 /* B's publish fired C: A kept till the end */
+#endif
+    claim_and_look_up(CA);
+    if :: kept -> d_step { release(CA) } :: else fi   /* the cascade ends */
+}
+
+proctype FollowerCascade() {
+    bit got, found, kept;
+    /* X adopts and publishes, firing Z inline */
+#ifdef BROKEN_FOLLOWER_DROPS_PATH
+    d_step { release(CP) };                   /* X's holds go at once: P goes */
+#else
+    kept = 1;                                 /* publishLeavingFlight: kept till the end */
+#endif
+    claim_and_look_up(CP);
+    if :: kept -> d_step { release(CP) } :: else fi
+}
+
+proctype CascadeCanceller() {
+    rCarries = 1;                             /* R.cancel(): R settled, its reason published */
+    cancelReturned = 1
+}
+
+init {
+    atomic {
+        cAlive[CA] = 1; cRefs[CA] = 1;        /* A: B's settledParentRetain */
+        cAlive[CP] = 1; cRefs[CP] = 1;        /* P: X's holds */
+        run ChainCascade(); run FollowerCascade(); run CascadeCanceller()
+    }
+    timeout;
+    assert(!claimAfterCancel[CA] || childState[CA] == CANCELLED);
+    assert(!claimAfterCancel[CP] || childState[CP] == CANCELLED)
 }
 #endif

@@ -80,6 +80,9 @@ $(eval $(call verify_run,reach-safety,pass,-DREACH_MODEL,$(PAN_SAFETY),-m100000)
 # Pruning: observers that gave up leave a pending promise, against registrations and a
 # publisher that meets the prune (and hands it the firing).
 $(eval $(call verify_run,prune-safety,pass,-DPRUNE,$(PAN_SAFETY),-m100000))
+# A cascade keeps the path its inline handlers look up through: a chain's step keeps its
+# parent, a follower that settles inside a cascade keeps its holds.
+$(eval $(call verify_run,cascade-safety,pass,-DCASCADE_MODEL,$(PAN_SAFETY),-m100000))
 
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
@@ -99,6 +102,8 @@ $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_O
 
 $(eval $(call verify_run,broken-prune-on-top,fail,-DPRUNE -DBROKEN_PRUNE_ON_TOP,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-prune-no-handover,fail,-DPRUNE -DBROKEN_PRUNE_NO_HANDOVER,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-cascade-chain-drops-parent,fail,-DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-cascade-follower-drops-path,fail,-DCASCADE_MODEL -DBROKEN_FOLLOWER_DROPS_PATH,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-prune-keeps-outcome,fail,-DPRUNE -DBROKEN_PRUNE_KEEPS_OUTCOME,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
