@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PC_OUTCOME_MASK ((uintptr_t)3u)
 #define PC_STATE_FIRING ((uintptr_t)4u)
 #define PC_TAG_MASK ((uintptr_t)7u)
 
@@ -24,6 +23,17 @@ _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
  * costs one word of padding before it (make test-core-32 builds it so). */
 _Static_assert(sizeof(pc_promise) == (sizeof(void *) == 8 ? 15 : 16) * sizeof(void *),
                "pc_promise is fifteen words (sixteen on 32-bit targets)");
+
+/* A guaranteed tail call where the compiler offers one (clang; gcc 15), a plain one
+ * elsewhere. */
+#if defined(__has_attribute)
+#if __has_attribute(musttail)
+#define PC_MUSTTAIL __attribute__((musttail))
+#endif
+#endif
+#ifndef PC_MUSTTAIL
+#define PC_MUSTTAIL
+#endif
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -46,7 +56,10 @@ typedef struct {
     void *item;
 } pc_kept;
 
-enum { PC_KEPT_INLINE = 32 }; /* kept references without an allocation */
+enum {
+    PC_KEPT_INLINE = 32,     /* kept references without an allocation */
+    PC_KEPT_RETAINED = 1024, /* the largest buffer a thread keeps between cascades */
+};
 
 static _Thread_local struct {
     pc_node *head;
@@ -83,8 +96,8 @@ static void pc_drain(void) {
             break;
         }
     }
-    /* A long cascade's buffer goes with it: an idle thread keeps only the inline one. */
-    if (pc_trampoline.kept_capacity > PC_KEPT_INLINE) {
+    /* A very long cascade's buffer goes with it: an idle thread keeps at most 16 KiB. */
+    if (pc_trampoline.kept_capacity > PC_KEPT_RETAINED) {
         free(pc_trampoline.kept);
         pc_trampoline.kept = NULL;
         pc_trampoline.kept_capacity = 0;
@@ -119,38 +132,45 @@ void pc_defer(pc_node *node) {
     }
 }
 
-/* Makes room for one more kept reference: the inline buffer first, then doubling. Out of
- * line, so that the common path of pc_keep_until_cascade_end stays a few instructions. */
+/* pc_keep_until_cascade_end when the buffer is full: the inline buffer first, then a heap
+ * buffer doubling each time. Out of line, so that the common path stays a few
+ * instructions (it needs no registers saved across a call). */
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((noinline))
 #endif
-static void pc_kept_grow(void) {
+static bool pc_keep_growing(void *item, pc_release_fn release) {
     if (pc_trampoline.kept == NULL) {
         pc_trampoline.kept = pc_trampoline.kept_inline;
         pc_trampoline.kept_capacity = PC_KEPT_INLINE;
-        return;
+    } else {
+        size_t capacity = pc_trampoline.kept_capacity;
+        pc_kept *grown = malloc(2 * capacity * sizeof *grown);
+        if (grown == NULL) {
+            pc_die("pc_keep_until_cascade_end", "out of memory", (uintptr_t)capacity);
+        }
+        memcpy(grown, pc_trampoline.kept, capacity * sizeof *grown);
+        if (pc_trampoline.kept != pc_trampoline.kept_inline) {
+            free(pc_trampoline.kept);
+        }
+        pc_trampoline.kept = grown;
+        pc_trampoline.kept_capacity = 2 * capacity;
     }
-    size_t capacity = pc_trampoline.kept_capacity;
-    pc_kept *grown = malloc(2 * capacity * sizeof *grown);
-    if (grown == NULL) {
-        pc_die("pc_keep_until_cascade_end", "out of memory", (uintptr_t)capacity);
-    }
-    memcpy(grown, pc_trampoline.kept, capacity * sizeof *grown);
-    if (pc_trampoline.kept != pc_trampoline.kept_inline) {
-        free(pc_trampoline.kept);
-    }
-    pc_trampoline.kept = grown;
-    pc_trampoline.kept_capacity = 2 * capacity;
+    pc_trampoline.kept[pc_trampoline.kept_count++] = (pc_kept){release, item};
+    return true;
 }
 
 bool pc_keep_until_cascade_end(void *item, pc_release_fn release) {
     if (pc_trampoline.depth == 0) {
         return false;
     }
-    if (pc_trampoline.kept_count == pc_trampoline.kept_capacity) {
-        pc_kept_grow();
+    size_t count = pc_trampoline.kept_count;
+    if (count == pc_trampoline.kept_capacity) {
+        /* A tail call where the compiler guarantees one: the common path then saves no
+         * registers for a call it does not make. */
+        PC_MUSTTAIL return pc_keep_growing(item, release);
     }
-    pc_trampoline.kept[pc_trampoline.kept_count++] = (pc_kept){release, item};
+    pc_trampoline.kept[count] = (pc_kept){release, item};
+    pc_trampoline.kept_count = count + 1;
     return true;
 }
 
@@ -216,12 +236,6 @@ bool pc_claim(pc_promise *promise, uintptr_t expected, uintptr_t desired) {
      * canceller that takes over from FOLLOWING reads that record after its own CAS
      * (release on one side, acquire on the other; on x86 every CAS is full anyway). */
     return AO_compare_and_swap_full(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
-}
-
-uintptr_t pc_claimed(const pc_promise *promise) {
-    /* No ordering: a hint (e.g. "is this promise following another?"); every decision
-     * taken on it is confirmed by a pc_claim CAS. */
-    return (uintptr_t)AO_load(PC_WORD(&promise->claim));
 }
 
 static void pc_fire_in_order(pc_node *stack, pc_promise *source) {
@@ -384,12 +398,6 @@ bool pc_prune(pc_promise *promise, pc_prune_fn drop, void *context, size_t *kept
     return true;
 }
 
-uintptr_t pc_state(const pc_promise *promise) {
-    /* acquire: pairs with the release half of the publishing CAS in pc_publish; once the
-     * tag is seen, the outcome value stored before it is visible. */
-    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->state)) & PC_OUTCOME_MASK;
-}
-
 bool pc_has_waiting_observers(const pc_promise *promise) {
     /* No ordering: a snapshot of the stack head, never dereferenced; nothing is read
      * through it, so there is nothing for an acquire to make visible. */
@@ -477,12 +485,6 @@ bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
     return false;
 }
 
-uintptr_t pc_tree_flags(const pc_promise *promise) {
-    /* acquire: pairs with the full CAS in pc_tree_flags_set; a PUBLISHED bit seen here makes
-     * the reason stored before it visible. */
-    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->tree_flags));
-}
-
 /* ---- holds on the path of an in-flight descendant ---------------------------------- */
 
 bool pc_holds_add_if_holding(pc_promise *promise, uintptr_t delta) {
@@ -547,11 +549,6 @@ void pc_holds_mark_gone(pc_promise *promise) {
     }
 }
 
-uintptr_t pc_holds(const pc_promise *promise) {
-    /* acquire: the caller's decision to clear SELF follows what the word showed. */
-    return (uintptr_t)AO_load_acquire(PC_WORD(&promise->holds));
-}
-
 bool pc_once(uintptr_t *flag) {
     /* full: release publishes what the winner stored before (the outcome it decided); the
      * acquire half keeps the winner's following stores after the election. */
@@ -565,32 +562,24 @@ void pc_fence(void) {
 
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
-static volatile AO_t pc_forwarding_word;
+uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */
 
 void pc_forwarding_begin(void) {
     /* full: the StoreLoad half orders this increment before the PUBLISHED bit the caller
      * sets next, so a handler's child whose claim CAS comes after that bit (both full
      * barriers, one total order) reads a word that is either still in progress or later
      * than this one, never the value its parent recorded before. */
-    (void)AO_fetch_and_add_full(&pc_forwarding_word, (AO_t)1);
+    (void)AO_fetch_and_add_full(PC_WORD(&pc_forwarding_word), (AO_t)1);
 }
 
 void pc_forwarding_end(void) {
-    if (((uintptr_t)AO_load(&pc_forwarding_word) & PC_FORWARDING_ACTIVE_MASK) == 0) {
+    if (((uintptr_t)AO_load(PC_WORD(&pc_forwarding_word)) & PC_FORWARDING_ACTIVE_MASK) == 0) {
         pc_die("pc_forwarding_end", "no forward in progress", 0);
     } /* No ordering on that load: a sanity check of this thread's own begin. */
     /* full: release publishes the PUBLISHED bit (and the reason before it) to a reader
      * whose acquire load in pc_forwarding_epoch sees the advanced epoch. One fetch-and-add
      * both ends this forward (-1) and advances the epoch (+EPOCH_ONE). */
-    (void)AO_fetch_and_add_full(&pc_forwarding_word, (AO_t)(PC_FORWARDING_EPOCH_ONE - 1u));
-}
-
-uintptr_t pc_forwarding_epoch(void) {
-    /* acquire: pairs with the release half of pc_forwarding_end, so the PUBLISHED bits of
-     * every forward that ended before the value read are visible to the caller's following
-     * pc_tree_flags loads. The caller's claim CAS before this load is a full barrier, which
-     * keeps the load from moving above the claim (the Dekker half of pc_forwarding_begin). */
-    return (uintptr_t)AO_load_acquire(&pc_forwarding_word);
+    (void)AO_fetch_and_add_full(PC_WORD(&pc_forwarding_word), (AO_t)(PC_FORWARDING_EPOCH_ONE - 1u));
 }
 
 /* ---- combinators ------------------------------------------------------------------ */

@@ -106,6 +106,8 @@ extern "C" {
 #define PC_CLAIM_FOLLOWING 4u
 /* Claim word only: nobody has claimed the promise yet. */
 #define PC_CLAIM_FREE 0u
+/* The outcome tag's bits in the state word. */
+#define PC_OUTCOME_MASK ((uintptr_t)3u)
 
 typedef struct pc_node pc_node;
 typedef struct pc_promise pc_promise;
@@ -169,8 +171,16 @@ void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
  */
 bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired);
 
-/* The claim word as last seen by this thread (no ordering: a hint for deciding what to try). */
-uintptr_t pc_claimed(const pc_promise *_Nonnull promise);
+/*
+ * The loads below are inline (every handler's step makes several): the compiler's atomic
+ * builtins, on the same words libatomic_ops' read-modify-writes use in CPromiseCore.c.
+ */
+
+/* The claim word as last seen by this thread. No ordering: a hint for deciding what to
+ * try; every decision taken on it is confirmed by a pc_claim CAS. */
+static inline uintptr_t pc_claimed(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->claim, __ATOMIC_RELAXED);
+}
 
 /*
  * Publishes the outcome in the claim word and fires every observer, in registration
@@ -204,8 +214,12 @@ typedef bool (*pc_prune_fn)(pc_node *_Nonnull node, void *_Nullable context);
 bool pc_prune(pc_promise *_Nonnull promise, pc_prune_fn _Nonnull drop, void *_Nullable context,
               size_t *_Nonnull kept_count);
 
-/* PC_PENDING, or the published outcome (acquire: the outcome value is then visible). */
-uintptr_t pc_state(const pc_promise *_Nonnull promise);
+/* PC_PENDING, or the published outcome. acquire: pairs with the release half of the
+ * publishing CAS in pc_publish; once the tag is seen, the outcome value stored before it
+ * is visible. */
+static inline uintptr_t pc_state(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->state, __ATOMIC_ACQUIRE) & PC_OUTCOME_MASK;
+}
 
 /*
  * Whether observers are queued and not yet handed out: the stack is not empty (pending,
@@ -228,8 +242,8 @@ void pc_defer(pc_node *_Nonnull node);
  * pc_publish / pc_observe / pc_defer returns; or returns false, keeping nothing, when
  * the thread is in no scope. The overlay keeps the path above a cascade of inline
  * handlers alive this way while they may still look up through it. No allocation for
- * the first 32 references kept; a longer cascade's buffer doubles as it grows and is
- * freed when it ends.
+ * the first 32 references kept; past that a heap buffer doubles as it grows, and the
+ * thread keeps it for the next cascade up to 1,024 entries (16 KiB on 64-bit targets).
  */
 typedef void (*pc_release_fn)(void *_Nonnull item);
 bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);

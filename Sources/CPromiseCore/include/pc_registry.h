@@ -62,8 +62,12 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
  */
 bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
-/* The tree_flags word (acquire: a PUBLISHED bit seen makes the stored reason visible). */
-uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise);
+/* The tree_flags word. acquire: pairs with the full CAS in pc_tree_flags_set; a
+ * PUBLISHED bit seen here makes the reason stored before it visible. Inline, as
+ * pc_state. */
+static inline uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->tree_flags, __ATOMIC_ACQUIRE);
+}
 
 /*
  * The holds word: what keeps a settled promise's parent alive while a descendant is still
@@ -96,8 +100,11 @@ uintptr_t pc_holds_clear_self(pc_promise *_Nonnull promise);
 /* Sets PC_HOLDS_GONE (the parent was found dead: it stays dead). */
 void pc_holds_mark_gone(pc_promise *_Nonnull promise);
 
-/* The holds word (acquire). */
-uintptr_t pc_holds(const pc_promise *_Nonnull promise);
+/* The holds word. acquire: the caller's decision to clear SELF follows what the word
+ * showed. Inline, as pc_state. */
+static inline uintptr_t pc_holds(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->holds, __ATOMIC_ACQUIRE);
+}
 
 /*
  * Whether PC_HOLDS_SELF is set, as a hint (relaxed, and inline: the publisher of every
@@ -134,8 +141,19 @@ void pc_forwarding_begin(void);
 /* After that bit is set. Full barrier: a reader that sees the new word sees the bit. */
 void pc_forwarding_end(void);
 
-/* The word; call after the claim CAS (acquire: pairs with pc_forwarding_end). */
-uintptr_t pc_forwarding_epoch(void);
+/* The word itself: only pc_forwarding_* touch it. */
+extern uintptr_t pc_forwarding_word;
+
+/*
+ * The word; call after the claim CAS. acquire: pairs with the release half of
+ * pc_forwarding_end, so the PUBLISHED bits of every forward that ended before the value
+ * read are visible to the caller's following pc_tree_flags loads. The caller's claim CAS
+ * before this load is a full barrier, which keeps the load from moving above the claim
+ * (the Dekker half of pc_forwarding_begin). Inline: every handler's claim reads it.
+ */
+static inline uintptr_t pc_forwarding_epoch(void) {
+    return __atomic_load_n(&pc_forwarding_word, __ATOMIC_ACQUIRE);
+}
 
 #ifdef __cplusplus
 }
