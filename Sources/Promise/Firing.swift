@@ -141,26 +141,6 @@ extension AnyPromise {
         parentRetain.release()  // may free the parent, and iteratively the chain above it
     }
 
-    /// In a cascade of handlers run inline by one settling call (`.immediate` children
-    /// settling their own children), keeps this promise's hold on its parent until the
-    /// cascade is over (`keepUntilCascadeEnds`), then drops it, newest first. So while any
-    /// handler of the cascade runs, every promise above it that the cascade went through
-    /// is alive, and a cancel of an ancestor that someone holds still finds that handler's
-    /// child (through `cancelReasonFromAncestors`, or through the registries of a child
-    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False,
-    /// doing nothing, outside a cascade (a handler run by its context), below a root
-    /// parent (nobody can cancel a root that nobody holds), or when this promise's node
-    /// went on to follow a promise (the follow holds the path itself).
-    ///
-    /// Cost: a thread-local store per inline handler, and the release at the end; the
-    /// cascade's promises, which were alive before it started, are freed when it ends
-    /// rather than one by one.
-    final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
-        // This thread's handler recorded any followee itself: a plain read of our own write.
-        guard holdsItsParentInFlight, followeeWord.pointee == 0 else { return false }
-        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
-    }
-
     /// Runs the continuation once, unless this promise was settled by someone else first
     /// (then only a cancelled parent still gets the handler's error side). `parent` is
     /// held by the caller for the call.

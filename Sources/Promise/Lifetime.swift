@@ -1,0 +1,274 @@
+import CPromiseCore
+
+// The lifetime model: how a cancel reaches a descendant that is still pending below a
+// promise that has settled, and what keeps the promises on its way there. The table of
+// who keeps whom, from when until when, is in the threading article ("The lifetime model:
+// who keeps whom"); this file is its code.
+//
+// - A child the parent fired holds the parent (`settledParentRetain`, Firing.swift) until
+//   its handler is done with the parent's outcome.
+// - A promise *in flight* (pending below a settled parent, with work still to come: a
+//   handler queued on a context, a promise it follows, a hand-off, a lock-in) enters
+//   flight once (`enterFlight`): it links itself into its parent's registry, so that a
+//   cancel forwarded through the settled parent finds it, and holds its path alive (the
+//   `holds` words) until it settles or dies.
+// - A child whose `.immediate` handler is running is in no registry: it looks up when it
+//   claims (`cancelReasonFromAncestors`, Promise+Cancellation.swift). So that it finds
+//   every live ancestor, the cascade keeps what the path needs until it ends: a step whose
+//   publish fired `.immediate` children keeps its parent (`keepParentUntilCascadeEnds`),
+//   and a promise in flight whose publish did keeps its holds (`publishLeavingFlight`,
+//   CoreBridge.swift).
+
+extension AnyPromise {
+    /// In a cascade of handlers run inline by one settling call (`.immediate` children
+    /// settling their own children), keeps this promise's hold on its parent until the
+    /// cascade is over (`keepUntilCascadeEnds`), then drops it, newest first. So while any
+    /// handler of the cascade runs, every promise above it that the cascade went through
+    /// is alive, and a cancel of an ancestor that someone holds still finds that handler's
+    /// child (through `cancelReasonFromAncestors`, or through the registries of a child
+    /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False,
+    /// doing nothing, outside a cascade (a handler run by its context), below a root
+    /// parent (nobody can cancel a root that nobody holds), or when this promise's node
+    /// went on to follow a promise (the follow holds the path itself).
+    ///
+    /// Cost: a thread-local store per inline handler, and the release at the end; the
+    /// cascade's promises, which were alive before it started, are freed when it ends
+    /// rather than one by one.
+    final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
+        // This thread's handler recorded any followee itself: a plain read of our own write.
+        guard holdsItsParentInFlight, followeeWord.pointee == 0 else { return false }
+        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
+    }
+}
+
+// MARK: The registry of descendants in flight
+
+// A promise's cancellation registry (`pc_promise.children`) is a stack of its descendants
+// that were still in flight after it settled: children whose handler waits on a context,
+// followers, and, linked in turn, the settled ancestors between them and the promise. A
+// cancel of the settled promise reaches them through it.
+//
+// The link is the child's own `spare_node` node: only a root keeps an observer there,
+// and a root has no parent to link into, so linking allocates nothing. The registry must
+// not keep children alive (it would keep settled subtrees alive), so it holds each linked
+// child's memory, not the child: an unowned reference count (`swift_unownedRetain`). A
+// walker tries each child with `swift_tryRetain`, which fails once the child began dying;
+// the memory of a dead child goes when the registry drops it (pruned as the registry
+// grows, or when the promise dies), so it lingers at most that long. Each child is linked
+// once (PC_TREE_LINKED), so its node is in at most one registry.
+
+extension AnyPromise {
+    /// The one transition into flight: this promise is pending below a parent that has
+    /// settled, with work still to come (a handler queued on a context, a promise it
+    /// follows, a hand-off to whoever settles it later). From here until it settles or
+    /// dies it holds its path up (`holdPathWhileInFlight`) and is linked into its parent's
+    /// registry (`linkIntoParentChain`), so a cancel of any live ancestor reaches it.
+    ///
+    /// Every way of becoming pending after the parent settled calls this, and nothing
+    /// else decides whether a promise is reached: the hold is taken whether or not the
+    /// promise was linked before (a descendant in flight links its pending ancestors
+    /// early, which is no hold of theirs). Calling it again while in flight changes
+    /// nothing.
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds (the thread that
+    ///   fired this promise, or its continuation), so reading it needs no lock.
+    final func enterFlight(parent: AnyPromise) {
+        // A root's child holds nothing (see `holdPathWhileInFlight`): skip the word's load.
+        if holdsItsParentInFlight && holdsWord & UInt(PC_HOLDS_SELF) == 0 { holdPathWhileInFlight() }
+        linkIntoParentChain(parent: parent)
+    }
+
+    /// Links this promise into its parent's registry, and the parent into its own, up to
+    /// the first ancestor that is linked already (each link is made once). Reachability
+    /// only: whether the path is held is `holdPathWhileInFlight`'s business.
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds.
+    final func linkIntoParentChain(parent: AnyPromise) {
+        guard setTreeFlag(TreeFlag.linked) else { return }
+        parent.addToRegistry(self)
+        // The common case ends here, without touching the reference counts: the parent is
+        // a root, or linked already (pc_tree_flags_set would refuse it anyway).
+        if parent.isRoot || parent.treeFlags & TreeFlag.linked != 0 { return }
+        AnyPromise.linkAncestors(from: parent)
+    }
+
+    /// The rest of `linkIntoParentChain`'s walk, from `promise` (not linked yet) up.
+    @inline(never)
+    private static func linkAncestors(from start: AnyPromise) {
+        var promise = start
+        while let up = promise.parentIfAlive, promise.setTreeFlag(TreeFlag.linked) {
+            up.addToRegistry(promise)
+            if up.isRoot || up.treeFlags & TreeFlag.linked != 0 { return }
+            promise = up
+        }
+    }
+
+    /// Pushes `child` (a descendant this thread just marked LINKED) onto the registry,
+    /// then applies a cancel that its walk may have missed.
+    private final func addToRegistry(_ child: AnyPromise) {
+        // A root's spare_node node is its first observer's, and a root is never linked.
+        assert(!child.isRoot, "a root has no parent registry to be linked into")
+        let childPointer = Unmanaged.passUnretained(child).toOpaque()
+        SwiftRuntime.unownedRetain(childPointer)  // the registry's hold on the child's memory
+        let count = registryPush(child.spareNodePointer)
+        if count >= 32, count & (count - 1) == 0 {
+            forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
+        }
+        if carriesCancelForDescendants, let reason = cancelReasonForDescendants {
+            // Our cancel may have walked the registry before the push: apply it here.
+            child.cancel(reason: reason)
+        }
+    }
+
+    /// Takes the registry, calls `body` for each live child, puts back the links to live
+    /// children and drops dead ones. With `reapplyingCancel`, a cancel published while
+    /// the links were out of the registry (so its own walk found nothing) is applied to
+    /// them here; a canceller's own walk passes false, having queued them already.
+    final func forEachLinkedChild(reapplyingCancel: Bool, _ body: (AnyPromise) -> Void) {
+        var node = registryTake()
+        guard node != nil else { return }
+        var taken: UInt = 0
+        var kept: [UnsafeMutablePointer<pc_node>] = []
+        // The live children, held, for the re-applied cancel: once the links are back in
+        // the registry another thread may prune them, so they are not read again.
+        var live: [AnyPromise] = []
+        while let current = node {
+            node = current.pointee.next
+            taken += 1
+            // We own the registry's unowned count of the child until we push it back, so
+            // its memory is there to try.
+            let childPointer = AnyPromise.owner(ofSpareNode: current).toOpaque()
+            if let retained = SwiftRuntime.tryRetain(childPointer) {
+                let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
+                body(child)
+                kept.append(current)
+                if reapplyingCancel { live.append(child) }
+                continue
+            }
+            SwiftRuntime.unownedRelease(childPointer)  // the child died: prune (its memory goes after its deinit)
+        }
+        for link in kept.reversed() {
+            _ = registryPush(link)
+        }
+        registryForget(taken)
+        if reapplyingCancel, !live.isEmpty, let reason = cancelReasonForDescendants {
+            for child in live { child.cancel(reason: reason) }
+        }
+    }
+
+    /// Drops the registry's hold on its children's memory (deinit only).
+    final func releaseChildLinks() {
+        var node = registryTake()
+        while let current = node {
+            node = current.pointee.next  // before the release, which may free the child
+            SwiftRuntime.unownedRelease(AnyPromise.owner(ofSpareNode: current).toOpaque())
+        }
+    }
+}
+
+// MARK: Holding the path of a descendant in flight
+
+// A cancel reaches a descendant in flight (a handler queued on a context, a follower, a
+// child handed off to be settled later) through the registries of the settled promises
+// between it and the cancelled one. `parent` never keeps a parent alive, so those promises
+// must be kept for as long as the descendant is in flight: a promise in flight holds its
+// parent, and a settled promise holds its own parent while any descendant holds it. The
+// `holds` word counts why (see `pc_holds_add`): the first hold takes a strong reference to
+// the parent, the last drops it, and whoever drops it lets the next level go, in a loop.
+//
+// Roots are never held this way: a root that nobody holds cannot be cancelled, and one
+// that somebody holds is alive anyway. So `root.then(on: queue)` pays nothing, and
+// holding a settled promise keeps nothing above it once nothing below it is in flight.
+//
+// Cost, below a non-root parent: going in flight, a try-retain and one read-modify-write
+// per ancestor whose first hold it is, one CAS at the first ancestor that already holds;
+// settling, a load of the word, and the same walk back. Every publish loads the word once.
+
+extension AnyPromise {
+    /// Called by a promise going in flight (`enterFlight`), while it does not hold yet:
+    /// holds the path up until it settles (`publishClaimedOutcome`) or dies (deinit).
+    final func holdPathWhileInFlight() {
+        guard holdsItsParentInFlight else { return }
+        AnyPromise.addHold(UInt(PC_HOLDS_SELF), to: self)
+        // Settled before the publisher could see SELF: one of us drops it (Dekker, see
+        // `pc_holds_add`).
+        if !isPending { dropSelfHold() }
+    }
+
+    /// Drops this promise's own hold, if it still has it.
+    @usableFromInline
+    final func dropSelfHold() {
+        AnyPromise.removeHold(UInt(PC_HOLDS_SELF), from: self)
+    }
+
+    /// Adds `delta` to `start`'s holds; the first hold of a promise takes its parent and
+    /// adds a hold there, and so on up to an ancestor that already holds, or whose parent
+    /// is a root, gone, or absent.
+    ///
+    /// The path is secured top-down: a promise's hold becomes visible in its word only once
+    /// its parent counts a hold for it. So "a promise that holds has a hold counted at its
+    /// parent" is true at every moment, and a remover that drops a promise's last hold
+    /// (`removeHold`, bottom-up) always finds the parent's hold it removes next: it can
+    /// never overtake an adder's walk. An adder that finds, at its turn, that another hold
+    /// came first gives back the hold it had secured above (which cannot be the last one
+    /// there: the other hold has its own).
+    private static func addHold(_ delta: UInt, to start: AnyPromise) {
+        guard start.holdsItsParentInFlight else { return }
+        if start.holdsAddIfHolding(delta) { return }  // held already: so is the path above
+        // Up: each promise whose parent is not held yet, with its parent (retained), until
+        // a parent that already holds (which counted us at once), does not count, or a
+        // parent that is gone.
+        var pairs: [(promise: AnyPromise, parent: AnyPromise)] = []
+        var promise = start
+        var top: AnyPromise? = nil  // a promise with a dead parent, to count without one
+        while true {
+            guard let parent = promise.parentIfAlive else {
+                promise.holdsMarkGone()  // dead for good: nothing above to hold
+                top = promise
+                break
+            }
+            pairs.append((promise, parent))
+            if !parent.holdsItsParentInFlight || parent.holdsAddIfHolding(UInt(PC_HOLDS_ONE)) { break }
+            promise = parent
+        }
+        if let top {
+            // Counts the hold of the promise below it (or `start`'s own) with no parent to take.
+            _ = top.holdsAdd(top === start ? delta : UInt(PC_HOLDS_ONE))
+        }
+        // Down: each promise's hold becomes visible after its parent's.
+        for (promise, parent) in pairs.reversed() {
+            let before = promise.holdsAdd(promise === start ? delta : UInt(PC_HOLDS_ONE))
+            if before == 0 {
+                _ = Unmanaged.passRetained(parent)  // the promise's hold on its parent
+            } else {
+                // Another hold came first and has its own hold above: give ours back.
+                removeHold(UInt(PC_HOLDS_ONE), from: parent)
+            }
+        }
+    }
+
+    /// Removes `delta` from `start`'s holds; the last hold of a promise lets its parent go
+    /// and removes a hold there, and so on up.
+    private static func removeHold(_ delta: UInt, from start: AnyPromise) {
+        var current = Unmanaged.passUnretained(start)
+        var retainedByHold = false  // `current` is kept by the hold being dropped
+        var delta = delta
+        while true {
+            let up: UnsafeMutableRawPointer? = current._withUnsafeGuaranteedRef { promise in
+                guard promise.holdsItsParentInFlight else { return nil }
+                let before = delta == UInt(PC_HOLDS_SELF)
+                    ? promise.holdsClearSelf()
+                    : promise.holdsRemoveOne()
+                // Not ours to drop (SELF cleared by the other side), holds left, or the
+                // parent was found dead: the parent is not held by this word any more.
+                guard before == delta else { return nil }
+                return promise.parentAddress
+            }
+            if retainedByHold { current.release() }  // after its word, which we read above
+            guard let up else { return }
+            current = Unmanaged.fromOpaque(up)
+            retainedByHold = true
+            delta = UInt(PC_HOLDS_ONE)
+        }
+    }
+}
