@@ -105,6 +105,47 @@ rows.append(Row(case: "mem:root+then", impl: "nio", bytes: onLoop {
     })
 }.value, perItem: true))
 
+// What a settled race keeps while its other input stays pending: `race([work, shutdown])` in
+// a loop, each `work` settled at once, nothing but `shutdown` held. Per race, over `count`
+// races: 0 means constant memory. NIO has no race; its closest form is a callback on each
+// input completing a fresh promise, the usual way to write one.
+func keptPerSettledRace(_ race: () -> Void) -> Double {
+    let before = bytesInUse()
+    for _ in 0..<count { race() }
+    let after = bytesInUse()
+    return Double(after - before) / Double(count)
+}
+
+do {
+    let shutdown = Promise<Int>()
+    rows.append(Row(case: "mem:settled-race-on-pending-input", impl: "promise", bytes: keptPerSettledRace {
+        let work = Promise<Int>()
+        let race = Promise.race([work, shutdown])
+        work.fulfill(1)
+        precondition(race.isFulfilled)
+    }, perItem: true))
+    shutdown.fulfill(0)
+}
+rows.append(Row(case: "mem:settled-race-on-pending-input", impl: "nio", bytes: onLoop {
+    final class Once: @unchecked Sendable { var done = false }
+    let shutdown = loop.makePromise(of: Int.self)
+    let kept = keptPerSettledRace {
+        let work = loop.makePromise(of: Int.self)
+        let race = loop.makePromise(of: Int.self)
+        let once = Once()
+        for input in [work, shutdown] {
+            input.futureResult.whenComplete { result in
+                guard !once.done else { return }
+                once.done = true
+                race.completeWith(result)
+            }
+        }
+        work.succeed(1)
+    }
+    shutdown.succeed(0)
+    return kept
+}, perItem: true))
+
 // What a held settled leaf keeps: a chain of `.immediate` steps from a root fulfilled with a
 // large value; only the leaf is held once the chain settled.
 func keptByLeaf<Leaf>(_ build: () -> Leaf, _ read: (Leaf) -> Int) -> Double {
