@@ -65,10 +65,10 @@
  *                          addHold makes a promise's first hold visible before its parent
  *                          counts one for it (the order this session's first version used).
  *
- *   -DPRUNE -DBROKEN_PRUNE_ON_TOP, -DBROKEN_PRUNE_NO_HANDOVER, -DBROKEN_PRUNE_KEEPS_OUTCOME
+ *   -DPRUNE -DBROKEN_PRUNE_ON_TOP, -DBROKEN_PRUNE_NO_WAIT, -DBROKEN_PRUNE_PLAIN_PUT_BACK
  *                          the pruner puts its nodes back above newer ones; the publisher
- *                          ignores a prune in progress; the pruner ignores an outcome that
- *                          arrived while it held the nodes (see Model 9).
+ *                          ignores a prune in progress; the pruner puts its nodes back with a
+ *                          plain store (see Model 9).
  *   -DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT, -DBROKEN_FOLLOWER_DROPS_PATH
  *                          a chain's step lets its parent go when its handler is done; a
  *                          follower drops its holds right after its publish (Model 10).
@@ -1399,48 +1399,62 @@ init {
  * registrations and a publisher that meets a prune in progress.
  *
  * One promise. Registrar A pushes node 1 then node 2, B node 3, C node 4 (pc_observe);
- * nodes 2 and 3 give up right after their push (the owner's flag that the prune's `drop`
- * callback reads). The pruner runs pc_prune twice: take the stack (the word becomes
- * PENDING|FIRING), drop the nodes that gave up, put the rest back below the nodes pushed
- * meanwhile; finding an outcome then, fire everything as pc_publish would. One settler
- * (its claim won) runs pc_publish -> pc_fire_until_quiescent: finding a prune in progress
- * it adds its outcome to the word and leaves the firing to the pruner.
+ * nodes 2 and 3 give up right after their push (the owner's flag that the prune's
+ * `gave_up` callback reads). The pruner runs pc_prune twice: take the stack (the word
+ * becomes PENDING|FIRING), decide which nodes gave up, put the rest back below the nodes
+ * pushed meanwhile (one CAS), then release the dropped ones. One settler (its claim won)
+ * runs pc_publish: finding a prune in progress it waits until the nodes are back
+ * (pc_wait_for_pruner), then takes and fires them itself.
  *
- * Properties: a node fires at most once, and never once dropped; a node is dropped at
- * most once, and only if it gave up; the nodes fired by the publisher (or by the pruner
- * for it) fire in the order they were pushed; a node that fires itself in pc_observe does
- * so after every pushed node fired or was dropped; at the end every node fired or was
- * dropped (none lost), and the word is the bare outcome.
+ * Properties: a node fires at most once, never once dropped, and always on the
+ * publisher's thread or (registered after the settle) its registrar's, never the pruner's;
+ * a node is dropped at most once, and only if it gave up; the nodes fired by the
+ * publisher fire in the order they were pushed; a node that fires itself in pc_observe
+ * does so after every pushed node fired or was dropped; at the end every node fired or
+ * was dropped (none lost), and the word is the bare outcome.
  *
  * Broken variants (each must FAIL):
- *   -DBROKEN_PRUNE_ON_TOP        the pruner puts its kept nodes back above those pushed
- *                                meanwhile (the newer ones would fire first);
- *   -DBROKEN_PRUNE_NO_HANDOVER   the publisher takes the word as if no prune held nodes;
- *   -DBROKEN_PRUNE_KEEPS_OUTCOME the pruner, finding an outcome as it puts its nodes back,
- *                                puts them back anyway (nobody fires them).
+ *   -DBROKEN_PRUNE_ON_TOP          the pruner puts its kept nodes back above those pushed
+ *                                  meanwhile (the newer ones would fire first);
+ *   -DBROKEN_PRUNE_NO_WAIT         the publisher takes the word as if no prune held nodes;
+ *   -DBROKEN_PRUNE_PLAIN_PUT_BACK  the pruner writes its nodes back with a plain store of the
+ *                                  word it read, not a CAS (a node pushed meanwhile is lost).
  * ====================================================================================== */
 
 #define NNODES 4
+#define PRUNER_PID 4              /* _pid of the Pruner: init 0, registrars 1-3 */
 
 byte state = 0;              /* pc_promise.state: observer stack head | FIRING | outcome */
 byte nxt[NNODES + 1];        /* pc_node.next */
-bit  gaveUp[NNODES + 1];     /* the owner's flag, read by drop() */
+bit  gaveUp[NNODES + 1];     /* the owner's flag, read by gave_up() */
 
 /* Ghost state, for the properties only. */
 bit  fired[NNODES + 1];
-bit  dropped[NNODES + 1];
+bit  dropped[NNODES + 1];    /* off the stack: the put-back left it out */
+bit  released[NNODES + 1];   /* handed to `release` */
 byte pushOrder[NNODES + 1];  /* position of n among the successful pushes (0: never pushed) */
 byte pushCount = 0;
 byte lastFiredOrder = 0;     /* pushOrder of the last pushed node fired */
 
 #define DONE(k) (pushOrder[k] == 0 || fired[k] || dropped[k])
 
-/* node->fire(node, promise) from pc_fire_in_order, on the publisher's or pruner's thread. */
+/* node->fire(node, promise) from pc_fire_in_order, on the publisher's thread. */
+/* The nodes in the pruner's `drops` list are off the stack once the put-back is done. */
+inline mark_dropped() {
+    n = drops;
+    do
+    :: n != 0 -> assert(!fired[n] && !dropped[n] && gaveUp[n]); dropped[n] = 1; n = nxt[n]
+    :: else -> break
+    od;
+    n = 0
+}
+
 inline fire_pushed(n) {
     d_step {
         assert(!fired[n] && !dropped[n]);               /* once, never after a drop */
         assert((state & OUTCOME_MASK) == FULFILLED);    /* after the outcome is in the word */
         assert(pushOrder[n] > lastFiredOrder);          /* in push (registration) order */
+        assert(_pid != PRUNER_PID);                     /* never on the pruner's thread */
         printf("%d: fires pushed node %d\n", _pid, n);
         lastFiredOrder = pushOrder[n];
         fired[n] = 1
@@ -1460,41 +1474,6 @@ inline fire_in_order(stack) {
     do
     :: ordered != 0 -> n = ordered; nx = nxt[n]; fire_pushed(n); ordered = nx
     :: else -> break
-    od
-}
-
-/* static void pc_fire_until_quiescent(promise, outcome, seen), CPromiseCore.c */
-inline fire_until_quiescent(outc, sn) {
-    do
-#ifndef BROKEN_PRUNE_NO_HANDOVER
-    :: (sn & TAG_MASK) == FIRING ->
-        /* a pruner holds the older nodes: add the outcome, leave the firing to it */
-        d_step {
-            if
-            :: state == sn -> state = sn | outc; ok = true;
-                printf("%d: pc_publish hands the firing to the pruner\n", _pid)
-            :: else -> sn = state; ok = false
-            fi
-        };
-        if
-        :: ok -> break
-        :: else
-        fi
-#endif
-    :: else ->
-        stack = HEAD(sn);
-        nextw = (stack != 0 -> (outc | FIRING) : outc);
-        d_step {
-            if
-            :: state == sn -> state = nextw; ok = true
-            :: else -> sn = state; ok = false
-            fi
-        };
-        if
-        :: !ok -> skip
-        :: ok && stack == 0 -> break              /* quiescent */
-        :: ok && stack != 0 -> fire_in_order(stack); sn = nextw
-        fi
     od
 }
 
@@ -1544,18 +1523,38 @@ proctype Registrar(byte first; byte count; byte givesUp) {
     od
 }
 
+/* void pc_publish(pc_promise *promise): the claim was won and the value stored. */
 proctype Settler() {
     byte seen, stack, nextw, ordered, n, nx;
     bool ok;
-    /* pc_publish: the claim was won and the value stored; outcome FULFILLED */
     seen = state;
     assert((seen & OUTCOME_MASK) == PENDING);     /* pc_die: published twice */
-    fire_until_quiescent(FULFILLED, seen)
+    do
+#ifndef BROKEN_PRUNE_NO_WAIT
+    :: (seen & TAG_MASK) == FIRING ->             /* pc_wait_for_pruner */
+        (state & TAG_MASK) != FIRING;
+        seen = state
+#endif
+    :: else ->
+        stack = HEAD(seen);
+        nextw = (stack != 0 -> (FULFILLED | FIRING) : FULFILLED);
+        d_step {
+            if
+            :: state == seen -> state = nextw; ok = true
+            :: else -> seen = state; ok = false
+            fi
+        };
+        if
+        :: !ok -> skip
+        :: ok && stack == 0 -> break              /* quiescent */
+        :: ok && stack != 0 -> fire_in_order(stack); seen = nextw
+        fi
+    od
 }
 
-/* bool pc_prune(promise, drop, context, &kept), CPromiseCore.c, twice. */
+/* bool pc_prune(promise, gave_up, release, context, &kept), CPromiseCore.c, twice. */
 proctype Pruner() {
-    byte seen, taken, kept, keptTail, head, tail, outc, stack, nextw, ordered, n, nx, rounds;
+    byte seen, taken, kept, keptTail, drops, head, tail, n, nx, rounds;
     bool ok;
     do
     :: rounds < 2 ->
@@ -1579,17 +1578,14 @@ proctype Pruner() {
         od;
         if
         :: ok ->
-            /* filter, newest first, keeping the order */
-            kept = 0; keptTail = 0; n = taken;
+            /* split, newest first, keeping the order; `gave_up` only looks */
+            kept = 0; keptTail = 0; drops = 0; n = taken;
             do
             :: n != 0 ->
-                nx = nxt[n];                      /* before drop */
-                d_step {                          /* drop(node, context) */
+                nx = nxt[n];
+                d_step {
                     if
-                    :: gaveUp[n] ->
-                        assert(!fired[n] && !dropped[n]);
-                        dropped[n] = 1;
-                        printf("%d: pc_prune drops node %d\n", _pid, n)
+                    :: gaveUp[n] -> nxt[n] = drops; drops = n
                     :: else ->
                         if
                         :: kept == 0 -> kept = n
@@ -1608,7 +1604,8 @@ proctype Pruner() {
             /* put the kept nodes back below those pushed meanwhile */
             seen = state;
             do
-            :: d_step {                           /* private: only we take nodes now */
+            :: d_step {                           /* private: only registrations move the word */
+                   assert((seen & TAG_MASK) == FIRING);   /* pc_die: changed under the pruner */
                    head = HEAD(seen);
                    if
                    :: head == 0 -> head = kept
@@ -1626,17 +1623,15 @@ proctype Pruner() {
                        od;
                        nxt[tail] = kept
 #endif
-                   fi;
-                   outc = seen & OUTCOME_MASK;
-#ifdef BROKEN_PRUNE_KEEPS_OUTCOME
-                   nextw = WORD(head, outc)
-#else
-                   nextw = (outc == PENDING -> WORD(head, PENDING) : (outc | FIRING))
-#endif
+                   fi
                };
+#ifdef BROKEN_PRUNE_PLAIN_PUT_BACK
+               d_step { state = WORD(head, PENDING); mark_dropped() };   /* a plain store */
+               break
+#else
                d_step {
                    if
-                   :: state == seen -> state = nextw; ok = true
+                   :: state == seen -> state = WORD(head, PENDING); mark_dropped(); ok = true
                    :: else -> seen = state; ok = false
                    fi
                };
@@ -1644,16 +1639,19 @@ proctype Pruner() {
                :: ok -> break
                :: else
                fi
-            od;
-#ifndef BROKEN_PRUNE_KEEPS_OUTCOME
-            if
-            :: outc != PENDING ->                 /* the publisher left the firing to us */
-                stack = head;
-                fire_in_order(stack);
-                fire_until_quiescent(outc, nextw)
-            :: else
-            fi
 #endif
+            od;
+            /* release the dropped nodes, once the stack is back */
+            do
+            :: drops != 0 ->
+                n = drops; drops = nxt[n];
+                d_step {
+                    assert(dropped[n] && !fired[n] && !released[n]);
+                    released[n] = 1;
+                    printf("%d: pc_prune releases node %d\n", _pid, n)
+                }
+            :: else -> break
+            od
         :: else
         fi
     :: else -> break
@@ -1670,10 +1668,10 @@ init {
     }
     timeout;
     assert(state == FULFILLED);                   /* the bare outcome: nothing left queued */
-    assert(fired[1] || dropped[1]);
-    assert(fired[2] || dropped[2]);
-    assert(fired[3] || dropped[3]);
-    assert(fired[4] || dropped[4]);
+    assert(fired[1] || released[1]);
+    assert(fired[2] || released[2]);
+    assert(fired[3] || released[3]);
+    assert(fired[4] || released[4]);
     assert(!dropped[1] && !dropped[4])            /* only nodes that gave up are dropped */
 }
 #endif

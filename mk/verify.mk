@@ -78,7 +78,7 @@ $(eval $(call verify_run,gate-safety,pass,-DGATE -DNCB=3,$(PAN_SAFETY),-m100000)
 $(eval $(call verify_run,reach-safety,pass,-DREACH_MODEL,$(PAN_SAFETY),-m100000))
 
 # Pruning: observers that gave up leave a pending promise, against registrations and a
-# publisher that meets the prune (and hands it the firing).
+# publisher that meets the prune (and waits for the nodes to come back).
 $(eval $(call verify_run,prune-safety,pass,-DPRUNE,$(PAN_SAFETY),-m100000))
 # A cascade keeps the path its inline handlers look up through: a chain's step keeps its
 # parent, a follower that settles inside a cascade keeps its holds.
@@ -101,10 +101,10 @@ $(eval $(call verify_run,broken-gate-ignores-inside,fail,-DGATE -DNCB=3 -DBROKEN
 $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
 
 $(eval $(call verify_run,broken-prune-on-top,fail,-DPRUNE -DBROKEN_PRUNE_ON_TOP,$(PAN_BROKEN),-m100000 -I))
-$(eval $(call verify_run,broken-prune-no-handover,fail,-DPRUNE -DBROKEN_PRUNE_NO_HANDOVER,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-prune-no-wait,fail,-DPRUNE -DBROKEN_PRUNE_NO_WAIT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cascade-chain-drops-parent,fail,-DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cascade-follower-drops-path,fail,-DCASCADE_MODEL -DBROKEN_FOLLOWER_DROPS_PATH,$(PAN_BROKEN),-m100000 -I))
-$(eval $(call verify_run,broken-prune-keeps-outcome,fail,-DPRUNE -DBROKEN_PRUNE_KEEPS_OUTCOME,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-prune-plain-put-back,fail,-DPRUNE -DBROKEN_PRUNE_PLAIN_PUT_BACK,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"

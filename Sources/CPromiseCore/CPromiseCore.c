@@ -8,6 +8,7 @@
 #include "CPromiseCore.h"
 
 #include <atomic_ops.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,10 @@ _Static_assert(sizeof(pc_promise) == (sizeof(void *) == 8 ? 15 : 16) * sizeof(vo
 #ifndef PC_MUSTTAIL
 #define PC_MUSTTAIL
 #endif
+
+/* Failed lock attempts before each further one yields the processor: a holder that was
+ * preempted then gets it back (the stress tests run more threads than cores). */
+#define PC_SPINS_BEFORE_YIELD 64u
 
 /* libatomic_ops operates on AO_t; our words are uintptr_t of the same size. */
 #define PC_WORD(p) ((volatile AO_t *)(p))
@@ -71,6 +76,17 @@ static _Thread_local struct {
     pc_kept kept_inline[PC_KEPT_INLINE];
 } pc_trampoline;
 
+/* A thread's heap buffer of kept references outlives its cascades (up to
+ * PC_KEPT_RETAINED entries); this key's destructor frees it when the thread exits. */
+static pthread_key_t pc_kept_key;
+static pthread_once_t pc_kept_key_once = PTHREAD_ONCE_INIT;
+
+static void pc_kept_key_create(void) {
+    if (pthread_key_create(&pc_kept_key, free) != 0) {
+        pc_die("pc_keep_until_cascade_end", "pthread_key_create failed", 0);
+    }
+}
+
 /* The cascade watch (inline in pc_promise.h): thread-local, no atomics. */
 #if defined(__GNUC__) || defined(__clang__)
 __thread uintptr_t pc_cascade_watch_word;
@@ -101,6 +117,7 @@ static void pc_drain(void) {
         free(pc_trampoline.kept);
         pc_trampoline.kept = NULL;
         pc_trampoline.kept_capacity = 0;
+        (void)pthread_setspecific(pc_kept_key, NULL); /* created with the buffer just freed */
     }
     pc_trampoline.depth = 0;
 }
@@ -154,6 +171,8 @@ static bool pc_keep_growing(void *item, pc_release_fn release) {
         }
         pc_trampoline.kept = grown;
         pc_trampoline.kept_capacity = 2 * capacity;
+        (void)pthread_once(&pc_kept_key_once, pc_kept_key_create);
+        (void)pthread_setspecific(pc_kept_key, grown);
     }
     pc_trampoline.kept[pc_trampoline.kept_count++] = (pc_kept){release, item};
     return true;
@@ -254,50 +273,22 @@ static void pc_fire_in_order(pc_node *stack, pc_promise *source) {
 }
 
 /*
- * The firing loop of pc_publish, from the state word `seen` (the outcome's tag set, or
- * still pending for the publisher's first CAS): take the stack, fire it in order, repeat
- * for the nodes registered meanwhile, until the word is the bare outcome. Also run by a
- * pruner that a publisher handed its firing to (pc_prune).
+ * Waits while a pruner holds the observer stack (the word is PENDING|PC_STATE_FIRING: see
+ * pc_prune) and returns the word it then reads. The pruner's hold lasts one walk of the
+ * nodes it took, deciding which gave up, and one CAS putting the rest back; it releases
+ * what it dropped only after that. Spins, then yields, as a locked word's reader does.
  */
-static void pc_fire_until_quiescent(pc_promise *promise, uintptr_t outcome, uintptr_t seen) {
+static uintptr_t pc_wait_for_pruner(const pc_promise *promise) {
+    unsigned spins = 0;
     for (;;) {
-        if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
-            /* A pruner holds the older nodes (pc_prune): it fires them, then ours, in
-             * order. Only a pending word can say so: once settled, no prune starts.
-             * full: release publishes the outcome value to the pruner (and to every
-             * thread that sees the tag), as the CAS below does. */
-            uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-                PC_WORD(&promise->state), (AO_t)seen, (AO_t)(seen | outcome));
-            if (was == seen) {
-                return;
-            }
-            seen = was;
-            continue;
+        /* acquire: pairs with the pruner's full put-back CAS, so the relinked `next`
+         * fields are visible before we take the stack. */
+        uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
+        if ((seen & PC_TAG_MASK) != PC_STATE_FIRING) {
+            return seen;
         }
-        /* Until the word is quiescent: no prune can start on a settled promise. */
-        for (;;) {
-            pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
-            /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
-            uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
-            /* full (acquire + release): release publishes the outcome value stored before
-             * this call to every thread whose acquire load later sees the tag (pc_state,
-             * pc_observe); acquire pairs with the release push in pc_observe (and the
-             * put-back in pc_prune), so the nodes taken and the objects embedding them are
-             * fully visible before they fire. */
-            uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-                PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
-            if (was != seen) {
-                seen = was;
-                if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
-                    break; /* a prune began before our outcome went in: hand over */
-                }
-                continue;
-            }
-            if (stack == NULL) {
-                return; /* quiescent: late registrations now fire themselves */
-            }
-            pc_fire_in_order(stack, promise);
-            seen = next; /* the CAS above tells us if registrations arrived meanwhile */
+        if (++spins >= PC_SPINS_BEFORE_YIELD) {
+            sched_yield();
         }
     }
 }
@@ -309,16 +300,42 @@ void pc_publish(pc_promise *promise) {
         pc_die("pc_publish", "claim holds no outcome", outcome);
     }
     pc_scope_enter();
-    /* No ordering: only a first guess for the CAS in the loop, which validates it. */
+    /* No ordering: only a first guess for the CAS below, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
     if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
         pc_die("pc_publish", "published twice", seen);
     }
-    pc_fire_until_quiescent(promise, outcome, seen);
+    for (;;) {
+        if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
+            /* A pruner holds the older nodes: they must fire first, and on this thread. */
+            seen = pc_wait_for_pruner(promise);
+            continue;
+        }
+        pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
+        /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
+        uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
+        /* full (acquire + release): release publishes the outcome value stored before
+         * this call to every thread whose acquire load later sees the tag (pc_state,
+         * pc_observe); acquire pairs with the release push in pc_observe (and the
+         * put-back in pc_prune), so the nodes taken and the objects embedding them are
+         * fully visible before they fire. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
+        if (was != seen) {
+            seen = was;
+            continue;
+        }
+        if (stack == NULL) {
+            break; /* quiescent: late registrations now fire themselves */
+        }
+        pc_fire_in_order(stack, promise);
+        seen = next; /* the CAS above tells us if registrations arrived meanwhile */
+    }
     pc_scope_leave();
 }
 
-bool pc_prune(pc_promise *promise, pc_prune_fn drop, void *context, size_t *kept_count) {
+bool pc_prune(pc_promise *promise, pc_prune_test_fn gave_up, pc_prune_release_fn release,
+              void *context, size_t *kept_count) {
     /* No ordering: a first guess for the CAS, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
     for (;;) {
@@ -330,7 +347,7 @@ bool pc_prune(pc_promise *promise, pc_prune_fn drop, void *context, size_t *kept
             return true; /* nothing registered: nothing to prune */
         }
         /* full: acquire pairs with the release pushes in pc_observe, so the nodes taken
-         * (and the objects embedding them, which `drop` reads) are visible; the word
+         * (and the objects embedding them, which `gave_up` reads) are visible; the word
          * becomes PENDING|FIRING, "a pruner holds the stack", with no nodes. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
             PC_WORD(&promise->state), (AO_t)seen, (AO_t)PC_STATE_FIRING);
@@ -339,62 +356,61 @@ bool pc_prune(pc_promise *promise, pc_prune_fn drop, void *context, size_t *kept
         }
         seen = was;
     }
-    pc_scope_enter();
-    /* Filter, keeping the order (newest first, as taken). */
-    pc_node *kept = NULL;
-    pc_node **link = &kept;
+    /* Split, keeping the order (newest first, as taken): the kept nodes go back, the
+     * dropped ones are released once the stack is back (a publisher waits meanwhile). */
+    pc_node *kept = NULL, *dropped = NULL;
+    pc_node **kept_link = &kept;
     size_t count = 0;
     for (pc_node *node = (pc_node *)(seen & ~PC_TAG_MASK); node != NULL;) {
-        pc_node *next = node->next; /* read before drop: a dropped node is no longer ours */
-        if (!drop(node, context)) {
-            *link = node;
-            link = &node->next;
+        pc_node *next = node->next;
+        if (gave_up(node, context)) {
+            node->next = dropped;
+            dropped = node;
+        } else {
+            *kept_link = node;
+            kept_link = &node->next;
             count += 1;
         }
         node = next;
     }
-    *link = NULL;
-    *kept_count = count;
+    *kept_link = NULL;
     /* Put the kept nodes back below those registered meanwhile (newer, so nearer the
      * head). acquire: pairs with the release pushes in pc_observe, so the `next` fields of
      * the nodes pushed meanwhile, which we walk, are visible. */
     seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
     for (;;) {
+        if ((seen & PC_TAG_MASK) != PC_STATE_FIRING) {
+            pc_die("pc_prune", "the word changed under the pruner", seen);
+        }
         pc_node *head = (pc_node *)(seen & ~PC_TAG_MASK);
         if (head == NULL) {
             head = kept;
         } else {
-            /* Only we take nodes while PC_STATE_FIRING marks the prune: the ones pushed
-             * meanwhile stay put, and a retry finds the same tail below newer ones. */
+            /* Only registrations move the word while PC_STATE_FIRING marks the prune: the
+             * nodes pushed meanwhile stay put, and a retry finds the same tail below the
+             * newer ones. */
             pc_node *tail = head;
             while (tail->next != NULL && tail->next != kept) {
                 tail = tail->next;
             }
             tail->next = kept;
         }
-        uintptr_t outcome = seen & PC_OUTCOME_MASK;
-        /* Still pending: the stack goes back and the prune ends. Settled meanwhile: the
-         * publisher left the firing to us (pc_fire_until_quiescent), so we take
-         * everything and fire it, in order, as pc_publish would.
-         * full: release publishes the relinked `next` fields to whoever takes the stack
-         * next (pc_publish's acquire, another prune, pc_detach); acquire for the retry
-         * and for the outcome value we may fire with. */
-        uintptr_t next = outcome == PC_PENDING ? (uintptr_t)head : (outcome | PC_STATE_FIRING);
+        /* full: release publishes the relinked `next` fields to whoever takes the stack
+         * next (a waiting publisher's acquire, another prune, pc_detach); acquire for the
+         * retry. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
-        if (was != seen) {
-            seen = was;
-            continue;
+            PC_WORD(&promise->state), (AO_t)seen, (AO_t)(uintptr_t)head);
+        if (was == seen) {
+            break;
         }
-        if (outcome != PC_PENDING) {
-            if (head != NULL) {
-                pc_fire_in_order(head, promise);
-            }
-            pc_fire_until_quiescent(promise, outcome, next);
-        }
-        break;
+        seen = was;
     }
-    pc_scope_leave();
+    *kept_count = count;
+    while (dropped != NULL) {
+        pc_node *next = dropped->next; /* read before release: it may free the node */
+        release(dropped, context);
+        dropped = next;
+    }
     return true;
 }
 
@@ -629,9 +645,6 @@ bool pc_gate_leave(uintptr_t *gate, bool request) {
 
 /* ---- locked words ----------------------------------------------------------------- */
 
-/* Failed lock attempts before each further one yields the processor: a holder that was
- * preempted then gets it back (the stress tests run more threads than cores). */
-#define PC_SPINS_BEFORE_YIELD 64u
 
 uintptr_t pc_word_load(const uintptr_t *word) {
     /* acquire: pairs with the release of pc_word_store / pc_word_unlock that wrote the

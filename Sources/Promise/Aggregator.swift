@@ -163,16 +163,21 @@ final class Aggregator: @unchecked Sendable {
     }
 }
 
-/// For a pending input's prune (`AnyPromise.observerGaveUp`): takes `node`, a slot of a
-/// retired aggregator still registered on the input at `input`, off it. Its link to the
-/// input goes, then the registration's retain of the aggregator, as if it had fired.
-func takeRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: UInt) -> Bool {
+/// For a pending input's prune (`AnyPromise.observerGaveUp`): whether `node`, an aggregator
+/// slot registered on the input, belongs to a retired aggregator (its registration holds
+/// the aggregator, so the slot is there to read).
+func slotOfRetiredAggregator(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
+    let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    return Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)._withUnsafeGuaranteedRef { $0.isRetired }
+}
+
+/// The prune took `node`, a retired aggregator's slot, off the input at `input`: its link
+/// to the input goes, then the registration's retain of the aggregator, as if it had fired.
+func releaseRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: UInt) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
     let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
-    guard owner._withUnsafeGuaranteedRef({ $0.isRetired }) else { return false }
     UnownedLink.clear(inputWord(slot), ifPointingAt: input)
     owner.release()  // the registration's retain: may free the slot
-    return true
 }
 
 /// The fire callback of an aggregator slot: runs the policy on the settling thread.

@@ -45,13 +45,14 @@ extension AnyPromise {
     final var hasWaitingObservers: Bool { pc_has_waiting_observers(corePointer) }
 
     /// Takes the observers that gave up off this pending promise (`pc_prune`): each node
-    /// is offered to `takeNodeIfItsObserverGaveUp`, which keeps it or takes it. The number of nodes
-    /// kept, or nil if the promise had settled (or another prune was running): then the
-    /// nodes fire or fired as usual. Only from a thread that holds the promise.
+    /// is shown to `observerHasGivenUp`, and those it names go to `releaseNodeThatGaveUp`
+    /// once the others are back. The number of nodes kept, or nil if the promise had
+    /// settled (or another prune was running): then every node fires, or fired, as usual.
+    /// Only from a thread that holds the promise.
     final func pruneObserversThatGaveUp() -> Int? {
         var kept = 0
         let context = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
-        return pc_prune(corePointer, takeNodeIfItsObserverGaveUp, context, &kept) ? kept : nil
+        return pc_prune(corePointer, observerHasGivenUp, releaseNodeThatGaveUp, context, &kept) ? kept : nil
     }
 
     /// The number of nodes registered on this pending promise: tests only, and only while
@@ -108,20 +109,34 @@ extension AnyPromise {
         // A promise in flight lets its path go once its inline children no longer need it.
         if pc_holds_self_hint(corePointer) { return publishLeavingFlight() }
         pc_publish(corePointer)
-        // It went in flight while we published (see `holdPathWhileInFlight`): one of the
-        // two drops the hold.
-        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
+        // In flight after all: it went in flight while we published (see
+        // `holdPathWhileInFlight`; one of the two drops the hold), or the hint read was
+        // stale. Not having watched, keep the path until the cascade ends, to be safe.
+        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
     }
 
     /// `publishClaimedOutcome` for a promise in flight (its path held): the path goes
     /// after the publish, or, if the publish fired `.immediate` children on this thread
     /// inside a cascade, once the cascade ended, since those children run later in it and
     /// may look up through the path (see `keepUntilCascadeEnds`).
+    ///
+    /// One race is left to the other side: a thread putting this promise in flight while
+    /// we publish it (`holdPathWhileInFlight`, which drops the hold itself if it sees the
+    /// outcome) lets the path go at once. Only a cancel, or code settling a child by hand
+    /// as its parent fires it, can race that way; a cancelled child's own children take
+    /// its cancel from it directly, without looking up.
     @usableFromInline
     final func publishLeavingFlight() {
         let previousWatch = watchCascade()
         pc_publish(corePointer)
-        if AnyPromise.endCascadeWatch(previousWatch) {
+        leaveFlight(firedInlineChildren: AnyPromise.endCascadeWatch(previousWatch))
+    }
+
+    /// Drops this published promise's own hold (its path), or, if its publish fired
+    /// `.immediate` children inside a cascade, keeps it until the cascade ends.
+    @usableFromInline
+    final func leaveFlight(firedInlineChildren: Bool) {
+        if firedInlineChildren {
             let retained = Unmanaged.passRetained(self)
             if keepUntilCascadeEnds(retained, then: dropKeptSelfHold) { return }
             retained.release()  // outside a cascade: its children ran inside the publish

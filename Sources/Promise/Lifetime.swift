@@ -35,8 +35,8 @@ extension AnyPromise {
     /// cascade's promises, which were alive before it started, are freed when it ends
     /// rather than one by one.
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
-        // This thread's handler recorded any followee itself: a plain read of our own write.
-        guard holdsItsParentInFlight, followeeWord.pointee == 0 else { return false }
+        // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
+        guard holdsItsParentInFlight, followeeWordValue == 0 else { return false }
         return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
     }
 }

@@ -314,11 +314,16 @@ extension AnyPromise {
     }
 }
 
-/// The prune callback (`pc_prune`): takes a node whose observer gave up, keeps any other.
-/// `context` is the pending promise's address.
-func takeNodeIfItsObserverGaveUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
-    guard nodeFires(node, through: aggregatorSlotFire) else { return false }
-    return takeRetiredAggregatorSlot(node, input: UInt(bitPattern: context))
+/// The prune's test (`pc_prune`, which holds the promise's stack meanwhile: it only looks):
+/// whether `node`'s observer gave up.
+func observerHasGivenUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
+    nodeFires(node, through: aggregatorSlotFire) && slotOfRetiredAggregator(node)
+}
+
+/// The prune's release, once the stack is back: `node` is ours, off the pending promise at
+/// `context`.
+func releaseNodeThatGaveUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) {
+    releaseRetiredAggregatorSlot(node, input: UInt(bitPattern: context))
 }
 
 extension AnyPromise {

@@ -1112,14 +1112,14 @@ typedef struct {
     atomic_uint dropped;
 } prunable;
 
-static bool prunable_drop(pc_node *node, void *context) {
+static bool prunable_gave_up(pc_node *node, void *context) {
     (void)context;
-    prunable *o = (prunable *)(void *)node;
-    if (!atomic_load(&o->gave_up)) {
-        return false;
-    }
-    atomic_fetch_add(&o->dropped, 1);
-    return true;
+    return atomic_load(&((prunable *)(void *)node)->gave_up);
+}
+
+static void prunable_release(pc_node *node, void *context) {
+    (void)context;
+    atomic_fetch_add(&((prunable *)(void *)node)->dropped, 1);
 }
 
 static void prunable_init(prunable *o, unsigned registrar, unsigned seq) {
@@ -1136,7 +1136,7 @@ static void test_prune_in_order(verdict *v) {
     test_promise p = {0};
     prunable obs[N];
     size_t kept = 99;
-    CHECK(v, pc_prune(&p.core, prunable_drop, NULL, &kept) && kept == 0,
+    CHECK(v, pc_prune(&p.core, prunable_gave_up, prunable_release, NULL, &kept) && kept == 0,
           "pruning an empty pending promise: want true and 0 kept, got %zu", kept);
     for (unsigned i = 0; i < N; i++) {
         prunable_init(&obs[i], 0, i);
@@ -1145,7 +1145,7 @@ static void test_prune_in_order(verdict *v) {
             atomic_store(&obs[i].gave_up, i % 3 == 0);
         }
     }
-    CHECK(v, pc_prune(&p.core, prunable_drop, NULL, &kept), "prune of a pending promise refused");
+    CHECK(v, pc_prune(&p.core, prunable_gave_up, prunable_release, NULL, &kept), "prune of a pending promise refused");
     CHECK(v, kept == 5, "kept %zu nodes, want 5", kept);
     for (unsigned i = N / 2; i < N; i++) {
         pc_observe(&p.core, &obs[i].base.node);
@@ -1171,12 +1171,14 @@ static void test_prune_in_order(verdict *v) {
     if (v->failed) {
         return;
     }
-    CHECK(v, !pc_prune(&p.core, prunable_drop, NULL, &kept), "prune of a settled promise ran");
+    CHECK(v, !pc_prune(&p.core, prunable_gave_up, prunable_release, NULL, &kept), "prune of a settled promise ran");
 }
 
 /* Registrations, give-ups, prunes and the settle at once: every node that did not give
  * up fires once, each registrar's in order; a node that gave up is dropped once or fires
- * once, never both; a publisher that met a prune had its observers fired by the pruner. */
+ * once, never both; every observer fires on the settler's thread or, registered after the
+ * settle, on its registrar's: never on the pruner's (a publisher that meets a prune waits
+ * for the nodes to come back and fires them itself). */
 enum { PRUNE_REGISTRARS = 2, PRUNE_PER_REGISTRAR = 24 };
 
 typedef struct {
@@ -1184,7 +1186,7 @@ typedef struct {
     prunable observers[PRUNE_REGISTRARS][PRUNE_PER_REGISTRAR];
     bool settled;
     atomic_uint registrars_done;
-    unsigned long prunes, dropped, handed_over;
+    unsigned long prunes, dropped, fired_by_settler;
 } prune_context;
 
 static void prune_prepare(void *context, unsigned long round) {
@@ -1216,7 +1218,7 @@ static void prune_play(void *context, unsigned me, unsigned long round) {
         size_t kept;
         for (;;) {
             bool pending = pc_state(&r->promise.core) == PC_PENDING;
-            if (pc_prune(&r->promise.core, prunable_drop, NULL, &kept)) {
+            if (pc_prune(&r->promise.core, prunable_gave_up, prunable_release, NULL, &kept)) {
                 r->prunes += 1;
             } else if (!pending) {
                 return;
@@ -1257,7 +1259,8 @@ static void prune_check(void *context, unsigned long round, verdict *v) {
             if (v->failed) {
                 return;
             }
-            r->handed_over += o->base.fired_by == 1;
+            CHECK(v, o->base.fired_by != 1, "registrar %u node #%u fired on the pruner's thread", g + 1, i);
+            r->fired_by_settler += o->base.fired_by == 0;
             order[fired++] = &o->base;
         }
         char what[64];
@@ -1273,8 +1276,8 @@ static void prune_check(void *context, unsigned long round, verdict *v) {
 static void prune_summary(void *context, unsigned long rounds) {
     prune_context *r = context;
     (void)rounds;
-    printf("# prunes %lu, nodes dropped %lu, fired by the pruner for the publisher %lu\n",
-           r->prunes, r->dropped, r->handed_over);
+    printf("# prunes %lu, nodes dropped %lu, observers fired by the settler %lu\n",
+           r->prunes, r->dropped, r->fired_by_settler);
 }
 
 /* ---- the forwarding epoch ---------------------------------------------------------- */

@@ -7,7 +7,12 @@
  *   PENDING ---------------------------------------> SETTLED|FIRING ------> SETTLED
  *   word = head of the observer     take the whole     word = outcome tag,   quiescent: a late
  *   stack (NULL when none), tag 0   stack in one CAS   late observers are    observer fires
- *                                                      still queued here     itself (pc_observe)
+ *      |        ^                                      still queued here     itself (pc_observe)
+ *      | pc_prune: take the stack, put the rest back
+ *      v        |
+ *   PENDING|FIRING: a pruner holds the nodes it took; the word's stack is the nodes
+ *   registered meanwhile; a publisher waits for the put-back
+ *
  *
  *   outcome tags (low two bits):  PC_FULFILLED = 1, PC_REJECTED = 2, PC_CANCELLED = 3
  *   bit 2 (PC_STATE_FIRING):            the settler is still handing out observers; with
@@ -27,8 +32,9 @@
  * Observers fire in registration order: pc_publish reverses each stack it takes (the
  * kernel's llist_del_all + llist_reverse_order). While it fires one batch the word keeps
  * PC_STATE_FIRING, so an observer registered meanwhile joins the next batch instead of firing
- * itself ahead of earlier ones. Nodes are never removed one by one: no ABA, no hazard
- * pointers.
+ * itself ahead of earlier ones. Nodes are never removed one by one by a CAS on the word:
+ * the settler takes the whole stack, and pc_prune takes it whole too, filters it privately
+ * and puts the rest back in one CAS, so there is no ABA and no hazard pointers.
  *
  * Firing is stack-safe: pc_publish and pc_observe run inside a per-thread trampoline.
  * A node that wants to run work inline (an `.immediate` handler, adopting a followed
@@ -44,8 +50,9 @@
  *   pc_claim        any thread, any time             wait-free (one CAS)
  *   pc_claimed      any thread, any time             wait-free (one load)
  *   pc_publish      only the thread whose pc_claim   lock-free (loops only while registrations
- *                   won an outcome, once             keep arriving during firing; hands the
- *                                                    firing to a pruner holding the stack)
+ *                   won an outcome, once             keep arriving during firing), except that
+ *                                                    it waits out a prune in progress (one walk
+ *                                                    of the nodes the pruner took)
  *   pc_prune        any thread holding the promise   lock-free (one pruner at a time; others
  *                                                    return false)
  *   pc_state        any thread, any time             wait-free (one load)
@@ -63,16 +70,18 @@
  * pc_keep_until_cascade_end, pc_inline_* and pc_cascade_* touch only the calling
  * thread's trampoline.
  *
- *                   pc_observe  pc_claim  pc_publish  pc_state  pc_detach
- *   pc_observe      no          no        no          no        yes (owner must be alive)
- *   pc_claim        no          no        no          no        yes
- *   pc_publish      no          no        once only   no        yes
- *   pc_state        no          no        no          no        yes
- *   pc_detach       -           -         -           -         exclusive
+ *                   pc_observe  pc_claim  pc_publish  pc_prune    pc_state  pc_detach
+ *   pc_observe      no          no        no          no          no        yes (owner alive)
+ *   pc_claim        no          no        no          no          no        yes
+ *   pc_publish      no          no        once only   no (waits)  no        yes
+ *   pc_prune        no          no        no          no (false)  no        yes
+ *   pc_state        no          no        no          no          no        yes
+ *   pc_detach       -           -         -           -           -         exclusive
  *
- * A node belongs to whoever pushed it until it fires; the fire callback receives the
- * node back and owns it again. The C side never dereferences anything but `next` and
- * `fire`.
+ * A node belongs to whoever pushed it until it fires, or until a pruner's `gave_up`
+ * callback says its observer gave up (the pruner then hands it to `release`); the fire
+ * callback receives the node back and owns it again. The C side never dereferences
+ * anything but `next` and `fire`.
  *
  * The words that hang off the same struct but serve cancellation (the registry, the tree
  * flags, the holds) are in pc_registry.h; helpers only the overlay uses, in pc_overlay.h.
@@ -173,7 +182,8 @@ bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desire
 
 /*
  * The loads below are inline (every handler's step makes several): the compiler's atomic
- * builtins, on the same words libatomic_ops' read-modify-writes use in CPromiseCore.c.
+ * builtins (gcc or clang, which libatomic_ops and the thread-local words here need too),
+ * on the same words libatomic_ops' read-modify-writes use in CPromiseCore.c.
  */
 
 /* The claim word as last seen by this thread. No ordering: a hint for deciding what to
@@ -196,22 +206,23 @@ void pc_publish(pc_promise *_Nonnull promise);
  * that lives long and is raced over and over would grow without bound.
  *
  * pc_prune takes the whole stack, marking the word PENDING|PC_STATE_FIRING ("a pruner
- * holds the nodes": no outcome yet, firing is not free), asks `drop(node, context)` for
+ * holds the nodes": no outcome yet, firing is not free), asks `gave_up(node, context)` for
  * each node, newest first, and puts the nodes it kept back, in their order, below any
- * registered meanwhile. `drop` returns true for a node that gave up, which is then the
- * callback's (the core never touches it again), false to keep it. Registrations during
- * a prune push as usual. A publisher that finds a prune in progress adds its outcome to
- * the word and returns: the pruner fires every node, in registration order, when it puts
- * them back (so the settling call may return before its observers fired; they fire on
- * the pruner's thread, before pc_prune returns). Returns false, doing nothing, when the
- * promise is settled, still firing, or another prune holds the stack; true otherwise,
- * with the number of nodes kept in `*kept_count`.
- *
- * Lock-free for registrations and the publisher (neither waits for the pruner); one
- * pruner at a time, and `drop` must not register on, settle or prune this promise.
+ * registered meanwhile; then it calls `release(node, context)` for each node that gave up,
+ * which is the callback's from then on (the core never touches it again). `gave_up` must
+ * only look (it runs while the pruner holds the stack); `release` may do anything but
+ * register on, settle or prune this promise. Registrations during a prune push as usual.
+ * A publisher that finds a prune in progress waits until the nodes are back (the walk of
+ * `gave_up` over them and one CAS), then fires every node itself, in registration order,
+ * on its own thread, as always: the one wait on the settling path, in exchange for a
+ * stack that never holds more than a bounded number of observers that gave up. Returns
+ * false, doing nothing, when the promise is settled, still firing, or another prune holds
+ * the stack; true otherwise, with the number of nodes kept in `*kept_count`.
  */
-typedef bool (*pc_prune_fn)(pc_node *_Nonnull node, void *_Nullable context);
-bool pc_prune(pc_promise *_Nonnull promise, pc_prune_fn _Nonnull drop, void *_Nullable context,
+typedef bool (*pc_prune_test_fn)(pc_node *_Nonnull node, void *_Nullable context);
+typedef void (*pc_prune_release_fn)(pc_node *_Nonnull node, void *_Nullable context);
+bool pc_prune(pc_promise *_Nonnull promise, pc_prune_test_fn _Nonnull gave_up,
+              pc_prune_release_fn _Nonnull release, void *_Nullable context,
               size_t *_Nonnull kept_count);
 
 /* PC_PENDING, or the published outcome. acquire: pairs with the release half of the
@@ -223,7 +234,8 @@ static inline uintptr_t pc_state(const pc_promise *_Nonnull promise) {
 
 /*
  * Whether observers are queued and not yet handed out: the stack is not empty (pending,
- * or settled and still firing late registrations). A snapshot for descriptions. It says
+ * or settled and still firing late registrations), or a pruner holds it (then it says
+ * true whatever the pruner will keep). A snapshot for descriptions. It says
  * whether, not how many: counting would walk nodes that the settler may be firing, and
  * their owners freeing, at that moment; and a counter kept beside the stack would cost
  * every registration an atomic add.
@@ -239,11 +251,12 @@ void pc_defer(pc_node *_Nonnull node);
 /*
  * Keeps `item` until the current cascade ends: `release(item)` runs on this thread once
  * the scope's deferred work is all done, newest first, still before the outermost
- * pc_publish / pc_observe / pc_defer returns; or returns false, keeping nothing, when
- * the thread is in no scope. The overlay keeps the path above a cascade of inline
+ * pc_publish / pc_observe / pc_defer / pc_inline_end returns; or returns false, keeping
+ * nothing, when the thread is in no scope. The overlay keeps the path above a cascade of inline
  * handlers alive this way while they may still look up through it. No allocation for
  * the first 32 references kept; past that a heap buffer doubles as it grows, and the
- * thread keeps it for the next cascade up to 1,024 entries (16 KiB on 64-bit targets).
+ * thread keeps it for the next cascade up to 1,024 entries (16 KiB on 64-bit targets),
+ * freed when the thread exits.
  */
 typedef void (*pc_release_fn)(void *_Nonnull item);
 bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);

@@ -100,16 +100,18 @@ uintptr_t pc_holds_clear_self(pc_promise *_Nonnull promise);
 /* Sets PC_HOLDS_GONE (the parent was found dead: it stays dead). */
 void pc_holds_mark_gone(pc_promise *_Nonnull promise);
 
-/* The holds word. acquire: the caller's decision to clear SELF follows what the word
+/* The holds word. acquire: pairs with the full read-modify-writes of pc_holds_add and
+ * pc_holds_clear_self, so the caller's decision to clear SELF follows what the word
  * showed. Inline, as pc_state. */
 static inline uintptr_t pc_holds(const pc_promise *_Nonnull promise) {
     return __atomic_load_n(&promise->holds, __ATOMIC_ACQUIRE);
 }
 
 /*
- * Whether PC_HOLDS_SELF is set, as a hint (relaxed, and inline: the publisher of every
- * promise that may hold asks before it publishes; a decision taken on it is confirmed
- * with pc_holds after pc_publish).
+ * Whether PC_HOLDS_SELF is set, as a hint. Relaxed, and inline: the publisher of every
+ * promise that may hold asks before it publishes, to watch what its publish fires; it
+ * reads pc_holds after pc_publish in any case (the Dekker pairing with pc_holds_add), and
+ * treats a SELF it did not expect as one to keep (the overlay's publishClaimedOutcome).
  */
 static inline bool pc_holds_self_hint(const pc_promise *_Nonnull promise) {
     return (__atomic_load_n(&promise->holds, __ATOMIC_RELAXED) & PC_HOLDS_SELF) != 0;
@@ -141,7 +143,10 @@ void pc_forwarding_begin(void);
 /* After that bit is set. Full barrier: a reader that sees the new word sees the bit. */
 void pc_forwarding_end(void);
 
-/* The word itself: only pc_forwarding_* touch it. */
+/* The word itself: only pc_forwarding_* touch it (Swift sees it as a private name). */
+#if defined(__clang__)
+__attribute__((swift_private))
+#endif
 extern uintptr_t pc_forwarding_word;
 
 /*
