@@ -305,12 +305,11 @@ void pc_publish(pc_promise *promise) {
     if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {
         pc_die("pc_publish", "published twice", seen);
     }
+    if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
+        /* A pruner holds the older nodes: they must fire first, and on this thread. */
+        seen = pc_wait_for_pruner(promise);
+    }
     for (;;) {
-        if ((seen & PC_TAG_MASK) == PC_STATE_FIRING) {
-            /* A pruner holds the older nodes: they must fire first, and on this thread. */
-            seen = pc_wait_for_pruner(promise);
-            continue;
-        }
         pc_node *stack = (pc_node *)(seen & ~PC_TAG_MASK);
         /* While a batch fires, keep PC_STATE_FIRING so later registrations queue behind it. */
         uintptr_t next = (stack != NULL) ? (outcome | PC_STATE_FIRING) : outcome;
@@ -322,7 +321,8 @@ void pc_publish(pc_promise *promise) {
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
             PC_WORD(&promise->state), (AO_t)seen, (AO_t)next);
         if (was != seen) {
-            seen = was;
+            /* Only a pending word can show a prune: none starts once the outcome is in. */
+            seen = (was & PC_TAG_MASK) == PC_STATE_FIRING ? pc_wait_for_pruner(promise) : was;
             continue;
         }
         if (stack == NULL) {
@@ -645,14 +645,6 @@ bool pc_gate_leave(uintptr_t *gate, bool request) {
 
 /* ---- locked words ----------------------------------------------------------------- */
 
-
-uintptr_t pc_word_load(const uintptr_t *word) {
-    /* acquire: pairs with the release of pc_word_store / pc_word_unlock that wrote the
-     * value, so a target seen here was initialised before it became reachable. Readers
-     * that go on to use the target lock first anyway; this load only spares the lock
-     * when the word is 0 (or is not the target a clearer looks for). */
-    return (uintptr_t)AO_load_acquire(PC_WORD(word));
-}
 
 bool pc_word_publish(uintptr_t *word, uintptr_t value) {
     if ((value & PC_WORD_LOCKED) != 0 || value == 0) {

@@ -101,8 +101,16 @@ void pc_fence(void);
  */
 #define PC_WORD_LOCKED 1u
 
-/* The word, lock bit included (acquire: a target seen here was fully initialised). */
-uintptr_t pc_word_load(const uintptr_t *_Nonnull word);
+/*
+ * The word, lock bit included. acquire: pairs with the release of pc_word_store /
+ * pc_word_unlock that wrote the value, so a target seen here was initialised before it
+ * became reachable. Readers that go on to use the target lock first anyway; this load only
+ * spares the lock when the word is 0 (or is not the target a clearer looks for). Inline,
+ * as pc_state (the compiler's atomic builtin).
+ */
+static inline uintptr_t pc_word_load(const uintptr_t *_Nonnull word) {
+    return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
 
 /*
  * Moves a word from 0 to `value` (not 0, lock bit clear) in one CAS; true for the one
