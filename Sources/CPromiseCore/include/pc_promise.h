@@ -193,9 +193,10 @@ static inline uintptr_t pc_claimed(const pc_promise *_Nonnull promise) {
 }
 
 /*
- * Publishes the outcome in the claim word and fires every observer, in registration
- * order, then any that registered while firing. Only for the claim winner, once; the
- * outcome value must be stored before this call. Aborts if the claim holds no outcome.
+ * Publishes the outcome in the claim word and fires every observer on this thread, in
+ * registration order, then any that registered while firing (first waiting out a prune
+ * that holds the stack: see pc_prune). Only for the claim winner, once; the outcome value
+ * must be stored before this call. Aborts if the claim holds no outcome.
  */
 void pc_publish(pc_promise *_Nonnull promise);
 
