@@ -1186,6 +1186,7 @@ typedef struct {
     prunable observers[PRUNE_REGISTRARS][PRUNE_PER_REGISTRAR];
     bool settled;
     atomic_uint registrars_done;
+    atomic_uint prunes_after_registrations; /* prunes begun once every registrar was done */
     unsigned long prunes, dropped, fired_by_settler;
 } prune_context;
 
@@ -1195,6 +1196,7 @@ static void prune_prepare(void *context, unsigned long round) {
     memset(&r->promise, 0, sizeof r->promise);
     r->settled = false;
     atomic_store(&r->registrars_done, 0);
+    atomic_store(&r->prunes_after_registrations, 0);
     for (unsigned g = 0; g < PRUNE_REGISTRARS; g++) {
         for (unsigned i = 0; i < PRUNE_PER_REGISTRAR; i++) {
             prunable_init(&r->observers[g][i], g + 1, i);
@@ -1206,8 +1208,11 @@ static void prune_prepare(void *context, unsigned long round) {
 static void prune_play(void *context, unsigned me, unsigned long round) {
     prune_context *r = context;
     if (me == 0) {
-        /* Every other round, once the registrations are done, so prunes find give-ups. */
-        while (round % 2 == 0 && atomic_load(&r->registrars_done) < PRUNE_REGISTRARS) {
+        /* Every other round, once a prune began after the registrations (and their
+         * give-ups) were done, so prunes drop nodes; yielding, as the crew outnumbers the
+         * cores. */
+        while (round % 2 == 0 && atomic_load(&r->prunes_after_registrations) == 0) {
+            sched_yield();
         }
         spin_for((unsigned)(round * 53 % 600));
         uintptr_t outcome = race_outcome(round);
@@ -1218,8 +1223,12 @@ static void prune_play(void *context, unsigned me, unsigned long round) {
         size_t kept;
         for (;;) {
             bool pending = pc_state(&r->promise.core) == PC_PENDING;
+            bool after = atomic_load(&r->registrars_done) == PRUNE_REGISTRARS;
             if (pc_prune(&r->promise.core, prunable_gave_up, prunable_release, NULL, &kept)) {
                 r->prunes += 1;
+                if (after) {
+                    atomic_fetch_add(&r->prunes_after_registrations, 1);
+                }
             } else if (!pending) {
                 return;
             }
