@@ -4,7 +4,8 @@ import Dispatch
 // The rare state of a promise: what few promises need, in a side object made on first use
 // and reached through one word of the promise (`rareStateWord`), so that the others pay a
 // word for it, not its size. Today it holds the reason of a cancel forwarded through a
-// settled promise, and the list of waiters that may give up.
+// settled promise, the list of waiters that may give up, and the count of other observers
+// that gave up (`observerGaveUp`, below: the slots of settled combinators).
 //
 // Waiters that may give up (a `wait(timeout:)`, an `await` whose Task may be cancelled, a
 // `timeout` child whose timer may fire first) are not nodes of the promise's lock-free
@@ -17,9 +18,11 @@ import Dispatch
 // promise settles). Registering `then`, `whenComplete` and the combinators never touches
 // it, and a promise nobody waits on this way never takes it. But the settle of a promise
 // that has such waiters does take it, once: that settle is not lock-free (a holder
-// preempted inside costs the settler a time slice). The trade is deliberate: unlinking a
-// node from the lock-free observer stack would need memory reclamation (hazard pointers
-// or epochs), which the core does without.
+// preempted inside costs the settler a time slice). The trade is deliberate: a waiter
+// leaves at once and leaves nothing, where pruning the lock-free observer stack
+// (`pc_prune`, which the combinators' slots use) leaves a few dead nodes between prunes
+// and walks the stack each time; unlinking one node from that stack in place would need
+// memory reclamation (hazard pointers or epochs), which the core does without.
 //
 // Order: when the promise settles, the waiting threads and Tasks wake first, at once, in
 // registration order; the `timeout` children settle next, in registration order, through
