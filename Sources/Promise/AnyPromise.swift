@@ -69,8 +69,11 @@ public class AnyPromise: @unchecked Sendable {
 
     /// Whether this promise keeps its parent alive while a descendant is in flight (see
     /// `holdPathWhileInFlight`): it has a parent, and that parent is not a root.
+    /// (Inlinable: every publish asks, `publishClaimedOutcome`.)
+    @inlinable
     final var holdsItsParentInFlight: Bool {
-        parentWord.pointee & ParentLink.parentIsRoot == 0 && parentWord.pointee != 0
+        let parent = corePointer.pointee.parent  // written once, before the promise is shared
+        return parent & ParentLink.parentIsRoot == 0 && parent != 0
     }
 
     /// The parent, held from the moment it fires this child until the child's handler has

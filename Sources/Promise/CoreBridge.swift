@@ -103,9 +103,8 @@ extension AnyPromise {
     /// the observers in registration order.
     @inlinable
     final func publishClaimedOutcome() {
-        // Roots and a root's children never hold anything (`holdsItsParentInFlight`).
-        let parent = corePointer.pointee.parent
-        guard parent & ParentLink.parentIsRoot == 0, parent != 0 else { return pc_publish(corePointer) }
+        // Roots and a root's children never hold anything.
+        guard holdsItsParentInFlight else { return pc_publish(corePointer) }
         // A promise in flight lets its path go once its inline children no longer need it.
         if pc_holds_self_hint(corePointer) { return publishLeavingFlight() }
         pc_publish(corePointer)

@@ -312,8 +312,10 @@ extension AnyPromise {
     /// give-up costs amortised O(1). A settled promise has fired its observers: nothing
     /// to do.
     final func observerGaveUp() {
-        guard isPending, rareState.countGaveUp(), let kept = pruneObserversThatGaveUp() else { return }
-        rareState.prunedKeeping(kept)
+        guard isPending else { return }
+        let rare = rareState
+        guard rare.countGaveUp(), let kept = pruneObserversThatGaveUp() else { return }
+        rare.prunedKeeping(kept)
     }
 }
 
