@@ -32,6 +32,10 @@
  *   -DCASCADE_MODEL a cascade keeps the path its inline handlers look up through: a
  *                   chain's step keeps its parent, a follower settling inside a cascade
  *                   keeps its holds, against a cancel of the root.
+ *   -DLIFETIME_MODEL the lifetime model's rules together (holds, links, cascade keeps,
+ *                   follow locks, early settles, deaths) against the property: a cancel of
+ *                   any live ancestor reaches every pending descendant, and every
+ *                   reference is released once, after its last user.
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
@@ -102,7 +106,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -1772,5 +1776,442 @@ init {
     timeout;
     assert(!claimAfterCancel[CA] || childState[CA] == CANCELLED);
     assert(!claimAfterCancel[CP] || childState[CP] == CANCELLED)
+}
+#endif
+
+#ifdef LIFETIME_MODEL
+/* ======================================================================================
+ * Model 11 (-DLIFETIME_MODEL): the lifetime model's rules together, checked against the
+ * property they exist for: a cancel of any live ancestor reaches every pending descendant,
+ * and every reference and hold is released once, when its last user is done.
+ *
+ *   R -> A -> B -> L     R a root; A = R.then(.immediate); B = A.then(.immediate);
+ *             \-> F     L = B.then(on: queue), a queue that runs L's job only at the end;
+ *                       F = B.then(.immediate) { _ in Q }: F follows Q (a follow lock),
+ *                       a pending root whose work never settles it.
+ *
+ * Threads: R's resolver fulfils R, and the cascade runs A's and B's handlers, fires L
+ * (which goes in flight: `enterFlight`, its own hold unit, then `linkIntoParentChain`) and
+ * runs F's handler (which locks in to follow Q: claim FOLLOWING, record the link, go in
+ * flight, register on Q, look up, `forwardCancelIfClaimed`); B's step keeps A until the
+ * cascade ends. In some runs B's holder settles B early, while A may still be pending
+ * (a side branch settled early, as `timeout` does): then that thread fires L and F, and
+ * their links go into A's registry while A is pending, and into R's. The canceller holds
+ * one of R, A or B (each a separate run) and cancels it: a pending promise takes the
+ * cancel and fires its observers with it; a settled one publishes the reason and forwards
+ * through its registry; a follower forwards to its followee; a promise that links itself
+ * below one that carries a cancel takes it (`addToRegistry`'s check). Walks try each
+ * promise (`swift_tryRetain`): a dead one answers nothing. A promise's first hold unit
+ * keeps its parent (if neither is a root) and counts one there; the last lets go.
+ *
+ * Each overlay operation is one atomic step (the REGISTRY, EPOCH, HOLDS and CASCADE models
+ * check their insides); the cancel's walk is one step per promise, so links, deaths and
+ * settles interleave with it.
+ *
+ * Properties: at the end, L and F are cancelled, and so is Q once F's handler returned it;
+ * no reference or hold unit is released that was not taken; once L's queue has run and Q's
+ * work has let Q go, every promise is dead, with no hold left.
+ *
+ * Broken variants (each must FAIL):
+ *   -DBROKEN_NO_REAPPLY          a link pushed into a registry whose cancel walked already
+ *                                does not take the cancel;
+ *   -DBROKEN_FOLLOW_SKIPS_FLIGHT a follower locks in without going in flight;
+ *   -DBROKEN_NO_FOLLOWEE_CANCEL  a cancelled follower does not forward to its followee;
+ *   -DBROKEN_NO_PATH_HOLD        a promise in flight holds nothing above it;
+ *   -DBROKEN_SELF_KEPT           a promise in flight keeps its hold unit once settled;
+ *   -DBROKEN_SETTLE_DROPS_PARENT a derived promise settled by its holder keeps nothing above
+ *                                it while its children go in flight (the library before
+ *                                this model: A dies before L's or F's hold reaches it);
+ *   -DBROKEN_EARLY_CHILD_UNLINKED a parent that fires a child settled early does not link
+ *                                it (the library before this model: R's cancel is lost when
+ *                                R dies before the link walk of L, below B, reaches A).
+ *
+ * The two rules these last variants remove were found by this model, and a test in
+ * LifetimeModelTests shows each gap on the library without them:
+ *   - a derived promise settled by its holder keeps its parent until the cascade of its
+ *     publish ends (`publishKeepingParent`);
+ *   - a parent that fires a child and finds it settled already links the child and itself
+ *     up its chain, while its own parent is held (`linkSettledEarly`).
+ * ====================================================================================== */
+
+#define LR 0
+#define LA 1
+#define LB 2
+#define LL 3
+#define LF 4
+#define LQ 5
+#define LN 6
+#define LNONE 255
+#define BIT(n) (1 << (n))
+
+byte lparent[LN];     /* LNONE for a root */
+byte lrefs[LN];       /* strong references */
+bit  lalive[LN];
+byte lstate[LN];      /* PENDING, FULFILLED, CANCELLED */
+bit  lfollowing[LN];  /* claim FOLLOWING (F), still pending */
+bit  lfired[LN];      /* out of its parent's observer list */
+byte lrelease[LN];    /* references the cancel holds on it (a fired node's, a walk's) */
+byte lholds[LN];      /* hold units */
+bit  lself[LN];       /* its own unit is among them (PC_HOLDS_SELF) */
+bit  ltook[LN];       /* its units keep its parent (a reference and one unit there) */
+bit  llinked[LN];     /* in its parent's registry */
+bit  lpublished[LN];  /* a cancel forwarded through it after it settled */
+bit  lrecorded;       /* F's followee link is recorded */
+bit  lobserving;      /* Q's observer list holds F's node */
+bit  lqOwned;         /* ghost: F's handler returned Q, which F now owns */
+bit  lqueued;         /* L's job is on its queue (holding L, and B for L's handler) */
+byte target;
+
+#define LNOT_ROOT(n) (lparent[n] != LNONE)
+#define LCARRIES(n)  (lpublished[n] || lstate[n] == CANCELLED)
+
+inline ldrop(n) {         /* a strong reference goes; the last one kills */
+    assert(lrefs[n] > 0);
+    lrefs[n] = lrefs[n] - 1;
+    if :: lrefs[n] == 0 -> lalive[n] = 0; assert(!lself[n]) :: else fi
+}
+
+inline lhold(p) {         /* one unit on p; a first unit keeps p's parent and counts on up */
+    cur = p;
+    do
+    :: lholds[cur] = lholds[cur] + 1;
+       if
+       :: lholds[cur] == 1 && LNOT_ROOT(cur) && LNOT_ROOT(lparent[cur]) && lalive[lparent[cur]] ->
+          ltook[cur] = 1;
+          lrefs[lparent[cur]] = lrefs[lparent[cur]] + 1;
+          cur = lparent[cur]
+       :: else -> break
+       fi
+    od
+}
+
+inline lunhold(p) {       /* one unit off p; the last lets the parent go (after its count) */
+    cur = p;
+    byHold = 0;
+    do
+    :: assert(lholds[cur] > 0);
+       lholds[cur] = lholds[cur] - 1;
+       if
+       :: lholds[cur] == 0 && ltook[cur] -> ltook[cur] = 0; next = lparent[cur]
+       :: else -> next = LNONE
+       fi;
+       if :: byHold -> ldrop(cur) :: else fi;
+       if :: next != LNONE -> cur = next; byHold = 1 :: else -> break fi
+    od
+}
+
+inline ldrop_self(n) {    /* dropSelfHold: whoever clears the bit drops the unit */
+    if :: lself[n] -> lself[n] = 0; lunhold(n) :: else fi
+}
+
+inline lpublish_self_hold(n) {   /* publishClaimedOutcome's part */
+#ifndef BROKEN_SELF_KEPT
+    ldrop_self(n)
+#else
+    skip
+#endif
+}
+
+/* One promise's turn in a cancel: `todo` holds the promises still to reach. */
+inline lcancel_one(n) {
+    if
+    :: !lalive[n] -> skip                               /* its try-retain fails */
+    :: lalive[n] && lstate[n] == PENDING ->
+       lstate[n] = CANCELLED;                           /* claims over FREE or FOLLOWING */
+       lpublish_self_hold(n);
+       c = 0;
+       do
+       :: c < LN ->
+          if
+          :: lparent[c] == n && !lfired[c] -> lfired[c] = 1; lrelease[c]++; todo = todo | BIT(c)
+          :: lparent[c] == n && lfired[c] && llinked[c] && lalive[c] ->
+             lrefs[c]++; lrelease[c]++; todo = todo | BIT(c)           /* tried and held */
+          :: else
+          fi;
+          c++
+       :: else -> break
+       od;
+#ifndef BROKEN_NO_FOLLOWEE_CANCEL
+       if :: n == LF && lrecorded -> todo = todo | BIT(LQ) :: else fi;
+#endif
+       if :: n == LQ && lobserving -> lobserving = 0; lrelease[LF]++; todo = todo | BIT(LF) :: else fi
+    :: lalive[n] && lstate[n] != PENDING && !LCARRIES(n) ->
+       lpublished[n] = 1;                               /* CANCEL_PUBLISHED, then its registry */
+       c = 0;
+       do
+       :: c < LN ->
+          if
+          :: lparent[c] == n && llinked[c] && lalive[c] -> lrefs[c]++; lrelease[c]++; todo = todo | BIT(c)
+          :: else
+          fi;
+          c++
+       :: else -> break
+       od
+    :: else -> skip                                     /* carries it already */
+    fi;
+    do :: lrelease[n] > 0 -> lrelease[n]--; ldrop(n) :: else -> break od;
+    skip
+}
+
+inline ldrain() {
+    do
+    :: todo != 0 ->
+       d_step {
+           n = 0;
+           do :: todo & BIT(n) -> break :: else -> n++ od;
+           todo = todo & (255 - BIT(n));
+           lcancel_one(n)
+       }
+    :: else -> break
+    od;
+    skip                  /* a break may not land on a d_step that follows */
+}
+
+/* cancelReasonFromAncestors, as one step: up from p through settled live promises. */
+inline llookup(p) {
+    found = 0;
+    cur = p;
+    do
+    :: cur == LNONE -> break
+    :: cur != LNONE ->
+       if
+       :: !lalive[cur] || lstate[cur] == PENDING -> break
+       :: else ->
+          if :: LCARRIES(cur) -> found = 1; break :: else -> cur = lparent[cur] fi
+       fi
+    od
+}
+
+/* linkIntoParentChain: p into its parent's registry, then each unlinked ancestor into
+ * its own, while the parent is alive; addToRegistry takes a cancel its parent carries. */
+inline llink(p) {
+    link = p;
+    do
+    :: d_step {
+           if
+           :: !llinked[link] && LNOT_ROOT(link) && lalive[lparent[link]] ->
+              llinked[link] = 1;
+#ifndef BROKEN_NO_REAPPLY
+              if :: LCARRIES(lparent[link]) -> lrefs[link]++; lrelease[link]++; todo = todo | BIT(link) :: else fi;
+#endif
+              if :: LNOT_ROOT(lparent[link]) -> link = lparent[link] :: else -> link = LNONE fi
+           :: else -> link = LNONE
+           fi
+       };
+       if :: link == LNONE -> break :: else fi
+    od;
+    ldrain()
+}
+
+inline lenter_flight(p) {
+#ifndef BROKEN_NO_PATH_HOLD
+    d_step { if :: !lself[p] -> lself[p] = 1; lhold(p) :: else fi };
+    d_step { if :: lstate[p] != PENDING -> ldrop_self(p) :: else fi };
+#endif
+    llink(p)
+}
+
+/* B's publish fired L, whose handler goes to its queue (sourceDidSettle); B settled
+ * without a cancel, and L keeps B for its handler (settledParentRetain, taken at the fire). */
+inline lfire_queued() {
+    d_step { carried = LCARRIES(LB) };
+    if
+    :: !carried ->
+       lenter_flight(LL);
+       d_step { carried = LCARRIES(LB) }             /* a cancel arrived while we linked */
+    :: else
+    fi;
+    if
+    :: carried -> d_step { todo = todo | BIT(LL); lrelease[LL]++ }; ldrain(); d_step { ldrop(LB) }
+    :: else -> lqueued = 1
+    fi
+}
+
+/* F's deferred handler: it returns Q, and F locks in to follow it. F keeps B meanwhile. */
+inline lrun_follower() {
+    d_step { carried = LCARRIES(LB) };
+    if
+    :: carried -> d_step { todo = todo | BIT(LF) }; ldrain()
+    :: else ->
+       d_step {
+           lqOwned = 1;
+           if :: lstate[LF] == PENDING && !lfollowing[LF] -> lfollowing[LF] = 1; ok = 1 :: else -> ok = 0 fi
+       };
+       if
+       :: ok ->
+          d_step { lrecorded = 1 };
+#ifndef BROKEN_FOLLOW_SKIPS_FLIGHT
+          lenter_flight(LF);
+#endif
+          d_step { lobserving = 1; lrefs[LF] = lrefs[LF] + 1 };   /* registered on Q */
+          d_step {
+              llookup(LB);
+              if
+              :: found -> todo = todo | BIT(LF)
+              :: !found && lstate[LF] == CANCELLED -> todo = todo | BIT(LQ)   /* forwardCancelIfClaimed */
+              :: else
+              fi
+          };
+          ldrain()
+       :: else ->
+          d_step { if :: lstate[LF] == CANCELLED -> todo = todo | BIT(LQ) :: else fi };
+          ldrain()
+       fi
+    fi;
+    d_step { ldrop(LB) };  /* its handler is done, and it followed: nothing kept */
+    d_step { ldrop(LF) }   /* B's observer list's node */
+}
+
+/* A promise's publish takes its observer list: B's fires L and F. */
+inline lfire_children_of_B(cancelled) {
+    if
+    :: !lfired[LL] ->
+       lfired[LL] = 1; lfired[LF] = 1;
+       if
+       :: cancelled -> lrelease[LL]++; lrelease[LF]++; todo = todo | BIT(LL) | BIT(LF); firedLF = 0
+       :: else -> lrefs[LB] = lrefs[LB] + 2; firedLF = 1   /* L and F keep B */
+       fi
+    :: else -> firedLF = 0
+    fi
+}
+
+proctype LRootSettler() {
+    byte todo, n, c, cur, next, link;
+    bit carried, found, byHold, settled, firedB, firedLF, keepA, ok;
+    d_step {
+        if
+        :: lstate[LR] == PENDING ->
+           lstate[LR] = FULFILLED; lfired[LA] = 1; lrefs[LR] = lrefs[LR] + 1; settled = 1
+        :: else -> settled = 0
+        fi
+    };
+    if
+    :: settled ->
+       /* A's deferred run: A keeps R (settledParentRetain) */
+       d_step { carried = LCARRIES(LR) };
+       if
+       :: carried -> d_step { todo = todo | BIT(LA) }; ldrain(); firedB = 0
+       :: else ->
+          d_step {
+              if
+              :: lstate[LA] == PENDING ->
+                 llookup(LR);
+                 lstate[LA] = (found -> CANCELLED : FULFILLED);
+                 if
+                 :: !lfired[LB] ->
+                    lfired[LB] = 1;
+                    if
+                    :: found -> lrelease[LB]++; todo = todo | BIT(LB); firedB = 0
+                    :: else -> lrefs[LA] = lrefs[LA] + 1; firedB = 1   /* B keeps A */
+                    fi
+                 :: else -> firedB = 0
+                 fi
+              :: else -> firedB = 0                    /* settled first: runs nothing */
+              fi
+          };
+          ldrain()
+       fi;
+       d_step { ldrop(LR) };  /* A's handler is done; R is a root: nothing kept */
+       d_step { ldrop(LA) };  /* R's observer list's node */
+       if
+       :: firedB ->
+          /* B's deferred run */
+          d_step { carried = LCARRIES(LA) };
+          if
+          :: carried -> d_step { todo = todo | BIT(LB) }; ldrain(); d_step { ldrop(LA); ldrop(LB) }
+          :: else ->
+             d_step {
+                 if
+                 :: lstate[LB] == PENDING ->
+                    llookup(LA);
+                    lstate[LB] = (found -> CANCELLED : FULFILLED);
+                    lfire_children_of_B(found)
+                 :: else -> firedLF = 0                 /* settled early by its holder */
+                 fi
+             };
+             ldrain();
+#ifndef BROKEN_EARLY_CHILD_UNLINKED
+             /* Settled early: its descendants in flight may still be linking up, and A's
+              * parent can die before their walk reaches it. So B and A are linked now,
+              * while A's parent is held (here by R's resolver, in its cascade):
+              * linkSettledEarly. */
+             if :: !firedLF && lstate[LB] != CANCELLED -> llink(LB); llink(LA) :: else fi;
+#endif
+             if
+             :: firedLF ->
+                lfire_queued();
+                keepA = 1      /* B's publish fired F inline: B keeps A till the cascade ends */
+             :: else -> d_step { ldrop(LA) }
+             fi;
+             d_step { ldrop(LB) };                      /* A's observer list's node */
+             if :: firedLF -> lrun_follower() :: else fi;
+             if :: keepA -> d_step { ldrop(LA) } :: else fi   /* the cascade ends */
+          fi
+       :: else
+       fi
+    :: else
+    fi;
+    d_step { ldrop(LR) }       /* R's resolver lets it go */
+}
+
+proctype LSideSettler() {      /* B's holder fulfils B early */
+    byte todo, n, c, cur, next, link;
+    bit carried, found, byHold, firedLF, ok, keptA;
+    d_step {
+        if
+        :: lstate[LB] == PENDING ->
+#ifndef BROKEN_SETTLE_DROPS_PARENT
+           /* A derived promise settled by its holder keeps its parent (if alive) until
+            * the cascade of its publish ends, as a handler's step does:
+            * publishKeepingParent. */
+           if :: lalive[LA] -> lrefs[LA]++; keptA = 1 :: else fi;
+#endif
+           lstate[LB] = FULFILLED; lfire_children_of_B(0)
+        :: else -> firedLF = 0
+        fi
+    };
+    ldrain();
+    if :: firedLF -> lfire_queued(); lrun_follower() :: else fi;
+    if :: keptA -> d_step { ldrop(LA) } :: else fi;   /* the cascade ends */
+    d_step { ldrop(LB) }
+}
+
+proctype LCanceller() {
+    byte todo, n, c, cur, next;
+    bit byHold;
+    todo = BIT(target);
+    ldrain();
+    d_step { ldrop(target) }
+}
+
+init {
+    byte n, cur, next;
+    bit byHold, side;
+    atomic {
+        lparent[LR] = LNONE; lparent[LA] = LR; lparent[LB] = LA;
+        lparent[LL] = LB; lparent[LF] = LB; lparent[LQ] = LNONE;
+        n = 0;
+        do :: n < LN -> lalive[n] = 1; lrefs[n] = 1; lstate[n] = PENDING; n++ :: else -> break od;
+        /* R: its resolver; A, B, L, F: their parents' observer lists; Q: its work */
+        if :: target = LR :: target = LA :: target = LB fi;
+        lrefs[target] = lrefs[target] + 1;              /* the canceller's */
+        if :: side = 1; lrefs[LB] = lrefs[LB] + 1 :: side = 0 fi;
+        run LRootSettler(); run LCanceller();
+        if :: side -> run LSideSettler() :: else fi
+    }
+    timeout;
+    assert(lstate[LL] == CANCELLED);
+    assert(lstate[LF] == CANCELLED);
+    assert(!lqOwned || lstate[LQ] == CANCELLED);
+    d_step {                   /* L's queue runs its job (released unrun); Q's work ends */
+        if :: lqueued -> lqueued = 0; ldrop(LB); ldrop(LL) :: else fi;
+        if :: lobserving -> lobserving = 0; ldrop(LF) :: else fi;
+        ldrop(LQ)
+    };
+    n = 0;
+    do
+    :: n < LN -> assert(!lalive[n] && lrefs[n] == 0 && lholds[n] == 0); n++
+    :: else -> break
+    od
 }
 #endif

@@ -84,6 +84,11 @@ $(eval $(call verify_run,prune-safety,pass,-DPRUNE,$(PAN_SAFETY),-m100000))
 # parent, a follower that settles inside a cascade keeps its holds.
 $(eval $(call verify_run,cascade-safety,pass,-DCASCADE_MODEL,$(PAN_SAFETY),-m100000))
 
+# The lifetime model's rules together: a cancel of R, A or B against a chain whose step B
+# may be settled early by its holder, a queued leaf, a follower, deaths; every reference
+# released once, after its last user.
+$(eval $(call verify_run,lifetime-safety,pass,-DLIFETIME_MODEL,$(PAN_SAFETY),-m100000))
+
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
 
@@ -105,6 +110,13 @@ $(eval $(call verify_run,broken-prune-no-wait,fail,-DPRUNE -DBROKEN_PRUNE_NO_WAI
 $(eval $(call verify_run,broken-cascade-chain-drops-parent,fail,-DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cascade-follower-drops-path,fail,-DCASCADE_MODEL -DBROKEN_FOLLOWER_DROPS_PATH,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-prune-plain-put-back,fail,-DPRUNE -DBROKEN_PRUNE_PLAIN_PUT_BACK,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-no-reapply,fail,-DLIFETIME_MODEL -DBROKEN_NO_REAPPLY,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-follow-skips-flight,fail,-DLIFETIME_MODEL -DBROKEN_FOLLOW_SKIPS_FLIGHT,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-no-followee-cancel,fail,-DLIFETIME_MODEL -DBROKEN_NO_FOLLOWEE_CANCEL,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-no-path-hold,fail,-DLIFETIME_MODEL -DBROKEN_NO_PATH_HOLD,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-self-kept,fail,-DLIFETIME_MODEL -DBROKEN_SELF_KEPT,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-settle-drops-parent,fail,-DLIFETIME_MODEL -DBROKEN_SETTLE_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"

@@ -114,6 +114,36 @@ extension AnyPromise {
         if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
     }
 
+    /// `publishClaimedOutcome` for an outcome given by whoever holds the promise
+    /// (`fulfill`, `reject`, `cancel`), not by its handler: a derived promise settled
+    /// that way keeps its parent until the cascade of its publish ends (see
+    /// `publishKeepingParent`). Roots and a root's children publish as before.
+    @inlinable
+    final func publishOutcomeFromHolder() {
+        guard holdsItsParentInFlight else { return pc_publish(corePointer) }
+        publishKeepingParent()
+    }
+
+    /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its
+    /// parent may still be pending (a side branch settled early, as `timeout`'s timer
+    /// settles its child) has no handler holding the parent, so nothing would keep the
+    /// path its children take when they go in flight: a child queued on a context takes
+    /// its hold inside this publish, and an `.immediate` child that locks in to follow a
+    /// promise takes it later in the cascade. If the parent died before either, a cancel
+    /// of a live ancestor would find the path broken. So the parent is kept as a handler's
+    /// step keeps it (`keepParentUntilCascadeEnds`): across the publish, and until the
+    /// cascade ends if the publish fired `.immediate` children. A promise in flight keeps
+    /// its path through its holds already (`publishLeavingFlight`).
+    @usableFromInline
+    final func publishKeepingParent() {
+        guard !pc_holds_self_hint(corePointer), let parent = parentIfAlive else { return publishClaimedOutcome() }
+        let previousWatch = watchCascade()
+        publishClaimedOutcome()
+        guard AnyPromise.endCascadeWatch(previousWatch) else { return }  // `parent` goes here
+        let retained = Unmanaged.passRetained(parent)
+        if !keepUntilCascadeEnds(retained, then: releaseKeptPromise) { retained.release() }
+    }
+
     /// `publishClaimedOutcome` for a promise in flight (its path held): the path goes
     /// after the publish, or, if the publish fired `.immediate` children on this thread
     /// inside a cascade, once the cascade ended, since those children run later in it and

@@ -92,6 +92,24 @@ extension AnyPromise {
         AnyPromise.linkAncestors(from: parent)
     }
 
+    /// Called when this promise's parent fires it and finds it settled already, by its
+    /// holder (a side branch settled early, as `timeout`'s timer settles its child): links
+    /// it and its parent up the chain, while the caller holds the parent (and the cascade
+    /// or a handler holds the parent's own parent). Its descendants in flight may still be
+    /// linking up on another thread, and by the time their walk reaches the parent, the
+    /// parent's parent may have been cancelled and let go: linked now, a cancel of any
+    /// live ancestor finds the parent in its registry, or the parent finds the cancel
+    /// when it links (`addToRegistry`). Rare (a settle that beat the handler), so its cost
+    /// does not matter.
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds.
+    final func linkSettledEarly(parent: AnyPromise) {
+        linkIntoParentChain(parent: parent)
+        // This promise may have been linked already by a descendant whose walk has not
+        // reached the parent yet: link the parent itself.
+        if !parent.isRoot && parent.treeFlags & TreeFlag.linked == 0 { AnyPromise.linkAncestors(from: parent) }
+    }
+
     /// The rest of `linkIntoParentChain`'s walk, from `promise` (not linked yet) up.
     @inline(never)
     private static func linkAncestors(from start: AnyPromise) {

@@ -148,7 +148,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     public func fulfill(_ value: Value) -> Bool {
         guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
         storeValue(value)
-        publishClaimedOutcome()
+        publishOutcomeFromHolder()
         return true
     }
 

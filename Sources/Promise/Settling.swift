@@ -25,7 +25,7 @@ extension AnyPromise {
             return nil
         }
         failure = error
-        publishClaimedOutcome()
+        publishOutcomeFromHolder()
         return from
     }
 
