@@ -1822,14 +1822,17 @@ init {
  *   -DBROKEN_SETTLE_DROPS_PARENT a derived promise settled by its holder keeps nothing above
  *                                it while its children go in flight (the library before
  *                                this model: A dies before L's or F's hold reaches it);
+ *   -DBROKEN_KEEP_AFTER_CLAIM    it keeps its parent only from after its claim (found by the
+ *                                stress test of this case: A runs, finds B claimed, and dies
+ *                                before B's publish keeps it);
  *   -DBROKEN_EARLY_CHILD_UNLINKED a parent that fires a child settled early does not link
  *                                it (the library before this model: R's cancel is lost when
  *                                R dies before the link walk of L, below B, reaches A).
  *
  * The two rules these last variants remove were found by this model, and a test in
  * LifetimeModelTests shows each gap on the library without them:
- *   - a derived promise settled by its holder keeps its parent until the cascade of its
- *     publish ends (`publishKeepingParent`);
+ *   - a derived promise settled by its holder keeps its parent from before its claim until
+ *     the cascade of its publish ends (`publishKeepingParent`);
  *   - a parent that fires a child and finds it settled already links the child and itself
  *     up its chain, while its own parent is held (`linkSettledEarly`).
  * ====================================================================================== */
@@ -1860,6 +1863,7 @@ bit  lrecorded;       /* F's followee link is recorded */
 bit  lobserving;      /* Q's observer list holds F's node */
 bit  lqOwned;         /* ghost: F's handler returned Q, which F now owns */
 bit  lqueued;         /* L's job is on its queue (holding L, and B for L's handler) */
+bit  lclaimed;        /* B's holder won B's claim (its publish may not have come yet) */
 byte target;
 
 #define LNOT_ROOT(n) (lparent[n] != LNONE)
@@ -1916,7 +1920,7 @@ inline lpublish_self_hold(n) {   /* publishClaimedOutcome's part */
 inline lcancel_one(n) {
     if
     :: !lalive[n] -> skip                               /* its try-retain fails */
-    :: lalive[n] && lstate[n] == PENDING ->
+    :: lalive[n] && lstate[n] == PENDING && !(n == LB && lclaimed) ->
        lstate[n] = CANCELLED;                           /* claims over FREE or FOLLOWING */
        lpublish_self_hold(n);
        c = 0;
@@ -1935,7 +1939,7 @@ inline lcancel_one(n) {
        if :: n == LF && lrecorded -> todo = todo | BIT(LQ) :: else fi;
 #endif
        if :: n == LQ && lobserving -> lobserving = 0; lrelease[LF]++; todo = todo | BIT(LF) :: else fi
-    :: lalive[n] && lstate[n] != PENDING && !LCARRIES(n) ->
+    :: lalive[n] && (lstate[n] != PENDING || (n == LB && lclaimed)) && !LCARRIES(n) ->
        lpublished[n] = 1;                               /* CANCEL_PUBLISHED, then its registry */
        c = 0;
        do
@@ -2122,11 +2126,11 @@ proctype LRootSettler() {
           :: else ->
              d_step {
                  if
-                 :: lstate[LB] == PENDING ->
+                 :: lstate[LB] == PENDING && !lclaimed ->
                     llookup(LA);
                     lstate[LB] = (found -> CANCELLED : FULFILLED);
                     lfire_children_of_B(found)
-                 :: else -> firedLF = 0                 /* settled early by its holder */
+                 :: else -> firedLF = 0                 /* settled (or claimed) by its holder */
                  fi
              };
              ldrain();
@@ -2154,24 +2158,30 @@ proctype LRootSettler() {
     d_step { ldrop(LR) }       /* R's resolver lets it go */
 }
 
-proctype LSideSettler() {      /* B's holder fulfils B early */
+proctype LSideSettler() {      /* B's holder fulfils B early: claim, then publish */
     byte todo, n, c, cur, next, link;
     bit carried, found, byHold, firedLF, ok, keptA;
-    d_step {
-        if
-        :: lstate[LB] == PENDING ->
 #ifndef BROKEN_SETTLE_DROPS_PARENT
-           /* A derived promise settled by its holder keeps its parent (if alive) until
-            * the cascade of its publish ends, as a handler's step does:
-            * publishKeepingParent. */
-           if :: lalive[LA] -> lrefs[LA]++; keptA = 1 :: else fi;
+    /* A derived promise settled by its holder keeps its parent (if alive) from before its
+     * claim until the cascade of its publish ends, as a handler's step does:
+     * publishKeepingParent. (-DBROKEN_KEEP_AFTER_CLAIM: from after the claim.) */
+#ifndef BROKEN_KEEP_AFTER_CLAIM
+    d_step { if :: lalive[LA] -> lrefs[LA]++; keptA = 1 :: else fi };
 #endif
-           lstate[LB] = FULFILLED; lfire_children_of_B(0)
-        :: else -> firedLF = 0
-        fi
+#endif
+    d_step {
+        if :: lstate[LB] == PENDING && !lclaimed -> lclaimed = 1; ok = 1 :: else -> ok = 0 fi
     };
-    ldrain();
-    if :: firedLF -> lfire_queued(); lrun_follower() :: else fi;
+#if !defined(BROKEN_SETTLE_DROPS_PARENT) && defined(BROKEN_KEEP_AFTER_CLAIM)
+    d_step { if :: ok && lalive[LA] -> lrefs[LA]++; keptA = 1 :: else fi };
+#endif
+    if
+    :: ok ->
+       d_step { lstate[LB] = FULFILLED; lfire_children_of_B(0) };
+       ldrain();
+       if :: firedLF -> lfire_queued(); lrun_follower() :: else fi
+    :: else
+    fi;
     if :: keptA -> d_step { ldrop(LA) } :: else fi;   /* the cascade ends */
     d_step { ldrop(LB) }
 }

@@ -114,14 +114,28 @@ extension AnyPromise {
         if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
     }
 
-    /// `publishClaimedOutcome` for an outcome given by whoever holds the promise
-    /// (`fulfill`, `reject`, `cancel`), not by its handler: a derived promise settled
-    /// that way keeps its parent until the cascade of its publish ends (see
-    /// `publishKeepingParent`). Roots and a root's children publish as before.
+    /// For whoever holds a derived promise and is about to settle it (`fulfill`, `reject`):
+    /// its parent, retained, if it needs keeping (see `publishKeepingParent`); nil for
+    /// roots and a root's children, which keep nothing. Taken before the claim: once the
+    /// claim is won, the parent's handler may find this promise settled, let the parent
+    /// go and free it, before the publish could take it.
     @inlinable
-    final func publishOutcomeFromHolder() {
-        guard holdsItsParentInFlight else { return pc_publish(corePointer) }
-        publishKeepingParent()
+    final func parentToKeepForSettle() -> Unmanaged<AnyPromise>? {
+        guard holdsItsParentInFlight else { return nil }
+        return retainedParentIfAlive()
+    }
+
+    @usableFromInline
+    final func retainedParentIfAlive() -> Unmanaged<AnyPromise>? {
+        parentIfAlive.map { Unmanaged.passRetained($0) }
+    }
+
+    /// `publishClaimedOutcome` for an outcome given by whoever holds the promise, with
+    /// the parent `parentToKeepForSettle` returned.
+    @inlinable
+    final func publishOutcomeFromHolder(keeping parent: Unmanaged<AnyPromise>?) {
+        guard let parent else { return publishClaimedOutcome() }
+        publishKeepingParent(parent)
     }
 
     /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its
@@ -132,16 +146,14 @@ extension AnyPromise {
     /// promise takes it later in the cascade. If the parent died before either, a cancel
     /// of a live ancestor would find the path broken. So the parent is kept as a handler's
     /// step keeps it (`keepParentUntilCascadeEnds`): across the publish, and until the
-    /// cascade ends if the publish fired `.immediate` children. A promise in flight keeps
-    /// its path through its holds already (`publishLeavingFlight`).
+    /// cascade ends if the publish fired `.immediate` children. (A promise in flight keeps
+    /// its path through its holds as well, `publishLeavingFlight`.)
     @usableFromInline
-    final func publishKeepingParent() {
-        guard !pc_holds_self_hint(corePointer), let parent = parentIfAlive else { return publishClaimedOutcome() }
+    final func publishKeepingParent(_ parent: Unmanaged<AnyPromise>) {
         let previousWatch = watchCascade()
         publishClaimedOutcome()
-        guard AnyPromise.endCascadeWatch(previousWatch) else { return }  // `parent` goes here
-        let retained = Unmanaged.passRetained(parent)
-        if !keepUntilCascadeEnds(retained, then: releaseKeptPromise) { retained.release() }
+        if AnyPromise.endCascadeWatch(previousWatch) && keepUntilCascadeEnds(parent, then: releaseKeptPromise) { return }
+        parent.release()
     }
 
     /// `publishClaimedOutcome` for a promise in flight (its path held): the path goes

@@ -155,7 +155,7 @@ extension AnyPromise {
             handler.run(parent, self)  // a claim it loses to a lock-in: `lostClaimToHandler`
         } else if claimed == UInt(PC_CLAIM_FOLLOWING) {
             stayInFlight(parent: parent)  // locked in before: released unrun
-        } else {
+        } else if claimed != UInt(PC_CANCELLED) {
             linkSettledEarly(parent: parent)  // settled by its holder first: `handler` is released unrun
         }
     }

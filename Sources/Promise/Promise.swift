@@ -146,9 +146,13 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// already been settled (or is following another promise).
     @inlinable @discardableResult
     public func fulfill(_ value: Value) -> Bool {
-        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
+        let parent = parentToKeepForSettle()
+        guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else {
+            parent?.release()
+            return false
+        }
         storeValue(value)
-        publishOutcomeFromHolder()
+        publishOutcomeFromHolder(keeping: parent)
         return true
     }
 

@@ -16,16 +16,20 @@ extension AnyPromise {
     /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a
     /// cancel of a follower, which must then reach the followee); nil if it lost.
     final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {
+        // A cancelled promise's children take the cancel as it fires them, and none goes
+        // in flight: only a rejection keeps the parent (`publishKeepingParent`).
+        let parent = outcome == PC_CANCELLED ? nil : parentToKeepForSettle()
         let from: UInt32
         if claim(from: PC_CLAIM_FREE, to: outcome) {
             from = PC_CLAIM_FREE
         } else if outcome == PC_CANCELLED && claim(from: PC_CLAIM_FOLLOWING, to: PC_CANCELLED) {
             from = PC_CLAIM_FOLLOWING
         } else {
+            parent?.release()
             return nil
         }
         failure = error
-        publishOutcomeFromHolder()
+        publishOutcomeFromHolder(keeping: parent)
         return from
     }
 
@@ -41,11 +45,17 @@ extension AnyPromise {
         publishClaimedOutcome()
     }
 
-    /// A handler's claim on its own child failed: settled by someone else, or locked in
-    /// by `resolve(with:)` while the handler ran, which leaves the child in flight.
+    /// A handler's claim on its own child failed: locked in by `resolve(with:)` while the
+    /// handler ran, which leaves the child in flight; or settled by its holder meanwhile,
+    /// which links it up (`linkSettledEarly`); or cancelled, which needs nothing more.
     @usableFromInline
     final func lostClaimToHandler(parent: AnyPromise) {
-        if claimHint == UInt(PC_CLAIM_FOLLOWING) { stayInFlight(parent: parent) }
+        let claimed = claimHint
+        if claimed == UInt(PC_CLAIM_FOLLOWING) {
+            stayInFlight(parent: parent)
+        } else if claimed != UInt(PC_CANCELLED) {
+            linkSettledEarly(parent: parent)
+        }
     }
 
     /// Fills in the outcome this thread just claimed as `tag` by adopting `source`'s (a

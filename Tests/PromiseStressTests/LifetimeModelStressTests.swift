@@ -3,6 +3,8 @@
 //   - a side branch of the leaf settling early and running a recovery on a queue (what a
 //     fired `timeout` does), while the root fulfils and the leaf's handler waits on a
 //     held queue: the leaf ends cancelled with the canceller's reason, always;
+//   - a step settled early by its holder while the root fulfils, is cancelled and let go:
+//     the step's queued child and its inline, following child end cancelled, always;
 //   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
 //     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
 //     or cancelled with the canceller's reason, never with the followed promise's value;
@@ -58,6 +60,59 @@ final class LifetimeModelStressTests: XCTestCase {
                 checker.check(error as? Reason == Reason(round: round), "the leaf was cancelled with \(error)")
             }
             _ = try? recovered.wait(timeout: .seconds(20))
+            return true
+        }
+    }
+
+    func testCancelReachesTheChildrenOfAStepItsHolderSettlesEarly() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var handlerRan = 0, holderSettled = 0
+
+        runStressRounds("cancel and drop of the root racing a step's early settle by its holder", invariants: [
+            "the step's queued child ends cancelled with the root's reason",
+            "its inline child ends cancelled, and so does the promise its handler returned, if it ran",
+        ], details: {
+            "the holder settled the step in \(holderSettled) rounds; \(handlerRan) inline handlers ran before the cancel reached them"
+        }) { checker in
+            let round = checker.round
+            let held = DispatchQueue(label: "LifetimeModelStressTests.held")
+            held.suspend()
+            // Only this box holds the root: its canceller lets it go at once.
+            let rootBox = Locked<Promise<Int>?>(Promise<Int>())
+            let step = rootBox.withLock { $0! }.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
+            let queued = step.then(on: held) { $0 + 1 }
+            let followed = Promise<Int>()
+            let ran = Locked(false)
+            let holderWon = Locked(false)
+            let following = step.then(on: .immediate) { _ -> Promise<Int> in ran.withLock { $0 = true }; return followed }
+
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(400))
+                if seat == 0 {
+                    let won = step.fulfill(7)  // the step's holder, first or not
+                    holderWon.withLock { $0 = won }
+                } else {
+                    let root = rootBox.withLock { $0.take()! }
+                    root.fulfill(1)
+                    spin(random.below(100))
+                    root.cancel(reason: Reason(round: round))
+                }
+            }
+            checker.check(finished, "round hung")
+            checker.check(queued.isCancelled, "the queued child ended \(queued.state)")
+            checker.check(following.isCancelled, "the inline child ended \(following.state)")
+            if holderWon.withLock({ $0 }) { holderSettled += 1 }
+            let handlerDidRun = ran.withLock { $0 }
+            if handlerDidRun { handlerRan += 1 }
+            checker.check(followed.isCancelled == handlerDidRun,
+                          "the returned promise is \(followed.state), the handler \(handlerDidRun ? "ran" : "did not run")")
+            held.resume()
+            if case .failure(let error) = Result(catching: { try queued.wait(timeout: .seconds(20)) }) {
+                checker.check(error as? Reason == Reason(round: round), "the queued child was cancelled with \(error)")
+            }
             return true
         }
     }
