@@ -1790,9 +1790,10 @@ init {
  *                       F = B.then(.immediate) { _ in Q }: F follows Q (a follow lock),
  *                       a pending root whose work never settles it.
  *
- * Threads: R's resolver fulfils R, and the cascade runs A's and B's handlers, fires L
- * (which goes in flight: `enterFlight`, its own hold unit, then `linkIntoParentChain`) and
- * runs F's handler (which locks in to follow Q: claim FOLLOWING, record the link, go in
+ * Threads: R's resolver fulfils R (at the top, holding R through the cascade, or inside
+ * an outer scope, letting R go before the cascade runs), and the cascade runs A's and B's
+ * handlers, fires L (which goes in flight: `enterFlight`, its own hold unit, then
+ * `linkIntoParentChain`) and runs F's handler (which locks in to follow Q: claim FOLLOWING, record the link, go in
  * flight, register on Q, look up, `forwardCancelIfClaimed`); B's step keeps A until the
  * cascade ends. In some runs B's holder settles B early, while A may still be pending
  * (a side branch settled early, as `timeout` does): then that thread fires L and F, and
@@ -1825,16 +1826,21 @@ init {
  *   -DBROKEN_KEEP_AFTER_CLAIM    it keeps its parent only from after its claim (found by the
  *                                stress test of this case: A runs, finds B claimed, and dies
  *                                before B's publish keeps it);
+ *   -DBROKEN_ROOT_NOT_KEPT       A's step lets its root parent go when its handler is done
+ *                                (the library before this model: R settled inside an outer
+ *                                scope, cancelled and let go before B looks up);
  *   -DBROKEN_EARLY_CHILD_UNLINKED a parent that fires a child settled early does not link
  *                                it (the library before this model: R's cancel is lost when
  *                                R dies before the link walk of L, below B, reaches A).
  *
- * The two rules these last variants remove were found by this model, and a test in
- * LifetimeModelTests shows each gap on the library without them:
+ * The rules these last variants remove were found by this model, its stress test and a
+ * review, and a test in LifetimeModelTests shows each gap on the library without them:
  *   - a derived promise settled by its holder keeps its parent from before its claim until
  *     the cascade of its publish ends (`publishKeepingParent`);
  *   - a parent that fires a child and finds it settled already links the child and itself
- *     up its chain, while its own parent is held (`linkSettledEarly`).
+ *     up its chain, while its own parent is held (`linkSettledEarly`);
+ *   - a step whose publish fired inline children keeps its parent till the cascade ends,
+ *     a root too (`keepParentUntilCascadeEnds`).
  * ====================================================================================== */
 
 #define LR 0
@@ -2081,7 +2087,10 @@ inline lfire_children_of_B(cancelled) {
 
 proctype LRootSettler() {
     byte todo, n, c, cur, next, link;
-    bit carried, found, byHold, settled, firedB, firedLF, keepA, ok;
+    bit carried, found, byHold, settled, firedB, firedLF, keepA, keepR, ok, nested;
+    /* Outermost, R's resolver holds R through the cascade; nested in an outer scope, its
+     * settling call returns (and its caller may let R go) before the cascade runs. */
+    if :: nested = 1 :: nested = 0 fi;
     d_step {
         if
         :: lstate[LR] == PENDING ->
@@ -2089,6 +2098,7 @@ proctype LRootSettler() {
         :: else -> settled = 0
         fi
     };
+    if :: nested -> d_step { ldrop(LR) } :: else fi;
     if
     :: settled ->
        /* A's deferred run: A keeps R (settledParentRetain) */
@@ -2115,7 +2125,13 @@ proctype LRootSettler() {
           };
           ldrain()
        fi;
+#ifndef BROKEN_ROOT_NOT_KEPT
+       /* A's handler is done; its publish fired B inline: A keeps R, a root, till the
+        * cascade ends (keepParentUntilCascadeEnds) */
+       if :: firedB -> keepR = 1 :: else -> d_step { ldrop(LR) } fi;
+#else
        d_step { ldrop(LR) };  /* A's handler is done; R is a root: nothing kept */
+#endif
        d_step { ldrop(LA) };  /* R's observer list's node */
        if
        :: firedB ->
@@ -2152,10 +2168,11 @@ proctype LRootSettler() {
              if :: keepA -> d_step { ldrop(LA) } :: else fi   /* the cascade ends */
           fi
        :: else
-       fi
+       fi;
+       if :: keepR -> d_step { ldrop(LR) } :: else fi
     :: else
     fi;
-    d_step { ldrop(LR) }       /* R's resolver lets it go */
+    if :: !nested -> d_step { ldrop(LR) } :: else fi   /* R's resolver lets it go */
 }
 
 proctype LSideSettler() {      /* B's holder fulfils B early: claim, then publish */

@@ -117,6 +117,7 @@ $(eval $(call verify_run,broken-lifetime-no-path-hold,fail,-DLIFETIME_MODEL -DBR
 $(eval $(call verify_run,broken-lifetime-self-kept,fail,-DLIFETIME_MODEL -DBROKEN_SELF_KEPT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-settle-drops-parent,fail,-DLIFETIME_MODEL -DBROKEN_SETTLE_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-keep-after-claim,fail,-DLIFETIME_MODEL -DBROKEN_KEEP_AFTER_CLAIM,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-root-not-kept,fail,-DLIFETIME_MODEL -DBROKEN_ROOT_NOT_KEPT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps

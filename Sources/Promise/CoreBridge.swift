@@ -119,9 +119,15 @@ extension AnyPromise {
     /// roots and a root's children, which keep nothing. Taken before the claim: once the
     /// claim is won, the parent's handler may find this promise settled, let the parent
     /// go and free it, before the publish could take it.
+    ///
+    /// Nil too for a promise already settled (its claim would fail) or in flight (its own
+    /// hold keeps the path until its publish, `publishLeavingFlight`).
     @inlinable
     final func parentToKeepForSettle() -> Unmanaged<AnyPromise>? {
         guard holdsItsParentInFlight else { return nil }
+        let claimed = claimHint
+        guard claimed == UInt(PC_CLAIM_FREE) || claimed == UInt(PC_CLAIM_FOLLOWING),
+              !pc_holds_self_hint(corePointer) else { return nil }
         return retainedParentIfAlive()
     }
 
@@ -140,7 +146,8 @@ extension AnyPromise {
 
     /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its
     /// parent may still be pending (a side branch settled early, as `timeout`'s timer
-    /// settles its child) has no handler holding the parent, so nothing would keep the
+    /// settles its child, or by the promise `resolve(with:)` made it follow) has no
+    /// handler holding the parent, so nothing would keep the
     /// path its children take when they go in flight: a child queued on a context takes
     /// its hold inside this publish, and an `.immediate` child that locks in to follow a
     /// promise takes it later in the cascade. If the parent died before either, a cancel

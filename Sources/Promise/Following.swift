@@ -172,14 +172,21 @@ extension AnyPromise {
     /// Rejects this promise, claimed as FOLLOWING by this thread, with
     /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
     /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
+    ///
+    /// - Parameter parent: the parent its handler holds; nil from `resolve(with:)`, a
+    ///   settle by the holder, which keeps the parent itself (`publishKeepingParent`).
     final func rejectAsCycle(parent: AnyPromise?) {
-        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else { return }
+        let kept = parent == nil ? parentToKeepForSettle() : nil
+        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else {
+            kept?.release()
+            return
+        }
         if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = PromiseError.cycle
             PromiseDiagnostics.report(.cycle, for: self)
         }
-        publishClaimedOutcome()
+        publishOutcomeFromHolder(keeping: kept)
     }
 }

@@ -15,9 +15,14 @@ import CPromiseCore
 // - A child whose `.immediate` handler is running is in no registry: it looks up when it
 //   claims (`cancelReasonFromAncestors`, Promise+Cancellation.swift). So that it finds
 //   every live ancestor, the cascade keeps what the path needs until it ends: a step whose
-//   publish fired `.immediate` children keeps its parent (`keepParentUntilCascadeEnds`),
-//   and a promise in flight whose publish did keeps its holds (`publishLeavingFlight`,
-//   CoreBridge.swift).
+//   publish fired `.immediate` children keeps its parent, a root too
+//   (`keepParentUntilCascadeEnds`), and a promise in flight whose publish did keeps its
+//   holds (`publishLeavingFlight`, CoreBridge.swift).
+// - A side branch settled early (by its holder, or by the promise `resolve(with:)` made it
+//   follow) keeps its parent from before its claim through its cascade
+//   (`publishKeepingParent`, CoreBridge.swift), and its parent, firing it, links it up
+//   (`linkSettledEarly`): no handler holds that path, and its descendants may be linking
+//   up on another thread while the ancestors above are cancelled and let go.
 
 extension AnyPromise {
     /// In a cascade of handlers run inline by one settling call (`.immediate` children
@@ -27,16 +32,20 @@ extension AnyPromise {
     /// is alive, and a cancel of an ancestor that someone holds still finds that handler's
     /// child (through `cancelReasonFromAncestors`, or through the registries of a child
     /// that went in flight: `holdPathWhileInFlight` holds only what is alive). False,
-    /// doing nothing, outside a cascade (a handler run by its context), below a root
-    /// parent (nobody can cancel a root that nobody holds), or when this promise's node
-    /// went on to follow a promise (the follow holds the path itself).
+    /// doing nothing, outside a cascade (a handler run by its context), or when this
+    /// promise's node went on to follow a promise (the follow holds the path itself).
+    ///
+    /// A root parent is kept too: code running inside the cascade (an observer of this
+    /// promise, say) may cancel the root and let it go before the next step looks up, and
+    /// a root settled inside an outer scope is not held by its settling call while its
+    /// cascade runs. In a chain that is one step: the first.
     ///
     /// Cost: a thread-local store per inline handler, and the release at the end; the
     /// cascade's promises, which were alive before it started, are freed when it ends
     /// rather than one by one.
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
-        guard holdsItsParentInFlight, followeeWordValue == 0 else { return false }
+        guard followeeWordValue == 0 else { return false }
         return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
     }
 }
@@ -93,9 +102,10 @@ extension AnyPromise {
     }
 
     /// Called when this promise's parent fires it and finds it settled already, by its
-    /// holder (a side branch settled early, as `timeout`'s timer settles its child): links
-    /// it and its parent up the chain, while the caller holds the parent (and the cascade
-    /// or a handler holds the parent's own parent). Its descendants in flight may still be
+    /// holder or by the promise `resolve(with:)` made it follow (a side branch settled
+    /// early): links it and its parent up the chain, while the caller holds the parent
+    /// (whose own parent its handler or the cascade keeps, `keepParentUntilCascadeEnds`,
+    /// or its settling call holds). Its descendants in flight may still be
     /// linking up on another thread, and by the time their walk reaches the parent, the
     /// parent's parent may have been cancelled and let go: linked now, a cancel of any
     /// live ancestor finds the parent in its registry, or the parent finds the cancel

@@ -114,11 +114,18 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         super.init()
     }
 
+    /// The follower takes the followed promise's outcome. Settled by someone other than
+    /// its handler (as by its holder), it keeps its parent from before its claim through
+    /// the cascade of its publish (`publishKeepingParent`).
     override func run(_ source: AnyPromise) {
         let tag = source.publishedTag
-        guard target.claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) else { return }  // cancelled meanwhile
+        let parent = target.parentToKeepForSettle()
+        guard target.claim(from: PC_CLAIM_FOLLOWING, to: UInt32(tag)) else {
+            parent?.release()
+            return  // cancelled meanwhile
+        }
         target.copyOutcome(from: source, tag: tag)
-        target.publishClaimedOutcome()
+        target.publishOutcomeFromHolder(keeping: parent)
     }
 }
 

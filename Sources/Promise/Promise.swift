@@ -146,6 +146,21 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// already been settled (or is following another promise).
     @inlinable @discardableResult
     public func fulfill(_ value: Value) -> Bool {
+        // Roots and a root's children keep nothing (see `publishKeepingParent`).
+        guard holdsItsParentInFlight else {
+            guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
+            storeValue(value)
+            pc_publish(corePointer)
+            return true
+        }
+        return fulfillKeepingParent(value)
+    }
+
+    /// `fulfill` for a promise below a non-root parent, which its settle keeps
+    /// (`publishKeepingParent`). Inlinable for specialisation, not inlined: the common
+    /// caller settles a root.
+    @inlinable @inline(never)
+    final func fulfillKeepingParent(_ value: Value) -> Bool {
         let parent = parentToKeepForSettle()
         guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else {
             parent?.release()

@@ -107,6 +107,72 @@ final class LifetimeModelTests: XCTestCase {
         }
     }
 
+    /// The same, with the step locked in by `resolve(with:)` while its parent is pending,
+    /// and settled by the promise it follows on another thread: the adoption is a settle
+    /// by someone other than the step's handler, and keeps the parent the same way.
+    func testCancelReachesAChildOfAStepThatAdoptedItsFolloweeEarly() {
+        for dropRoot in [false, true] {
+            var root: Promise<Int>? = Promise<Int>()
+            let lockedIn = root!.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
+            let followee = Promise<Int>()
+            lockedIn.resolve(with: followee)
+            let followed = Promise<Int>()
+            let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
+            lockedIn.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() }
+            let ran = Flag()
+            let child = lockedIn.then(on: .immediate) { _ in ran.set(); return followed }
+            let settled = DispatchSemaphore(value: 0)
+            DispatchQueue.global().async { followee.fulfill(7); settled.signal() }
+            inCascade.wait()
+            root!.fulfill(1)
+            root!.cancel(reason: Reason(tag: 7))
+            if dropRoot { root = nil }
+            go.signal()
+            XCTAssertEqual(settled.wait(timeout: .now() + 10), .success)
+            XCTAssertTrue(child.isCancelled, "dropRoot \(dropRoot): the cancel missed the child")
+            XCTAssertEqual(followed.isCancelled, ran.isSet, "dropRoot \(dropRoot)")
+        }
+    }
+
+    /// The root settled inside an outer `.immediate` scope, so its cascade runs after
+    /// `fulfill` returned; an observer of its child, running in that cascade before the
+    /// grandchild's handler, cancels the root and lets it go. The grandchild, pending when
+    /// the cancel returned, ends cancelled, and so does its child (in the second round the
+    /// grandchild was settled early by its holder, whose cascade waits meanwhile).
+    func testCancelFromInsideANestedCascadeReachesTheStepsStillToRun() {
+        for settledEarly in [false, true] {
+            let rootBox = Handoff(Promise<Int>())
+            let cancellerBox = Handoff(rootBox.peek)
+            let step = rootBox.peek!.then(on: .immediate) { $0 + 1 }
+            step.whenComplete(on: .immediate) { _ in
+                let root = cancellerBox.take()!
+                root.cancel(reason: Reason(tag: 8))
+            }
+            let grandchild = step.then(on: .immediate) { $0 + 1 }
+            let followed = Promise<Int>()
+            let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
+            if settledEarly { grandchild.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() } }
+            let ran = Flag()
+            let child = grandchild.then(on: .immediate) { _ in ran.set(); return followed }
+            let settled = DispatchSemaphore(value: 0)
+            if settledEarly {
+                DispatchQueue.global().async { grandchild.fulfill(7); settled.signal() }
+                inCascade.wait()
+            }
+            Promise<Void>(value: ()).whenComplete(on: .immediate) { _ in
+                rootBox.take()!.fulfill(1)  // returns before the root's cascade runs
+            }
+            if settledEarly {
+                go.signal()
+                XCTAssertEqual(settled.wait(timeout: .now() + 10), .success)
+            } else {
+                XCTAssertTrue(grandchild.isCancelled, "the grandchild's handler claimed after the cancel returned")
+            }
+            XCTAssertTrue(child.isCancelled, "settledEarly \(settledEarly): the cancel missed the child")
+            XCTAssertEqual(followed.isCancelled, ran.isSet, "settledEarly \(settledEarly)")
+        }
+    }
+
     // MARK: Follow chains are linear
 
     /// A follower that adopts its followee's outcome inside a cascade (the followee settled

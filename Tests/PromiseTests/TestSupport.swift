@@ -442,3 +442,23 @@ final class WeakPromise: @unchecked Sendable {
 struct DroppingContext: ExecutionContext {
     func execute(_ work: @escaping @Sendable () -> Void) {}
 }
+
+/// A reference a test hands over to exactly one closure, which takes it and leaves nothing
+/// behind (so that the object dies when that closure lets it go).
+final class Handoff<T>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: T?
+
+    init(_ value: T?) { self.value = value }
+
+    /// The value, still held here.
+    var peek: T? { lock.withLock { value } }
+
+    /// The value, no longer held here.
+    func take() -> T? {
+        lock.withLock {
+            defer { value = nil }
+            return value
+        }
+    }
+}
