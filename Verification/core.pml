@@ -1829,6 +1829,12 @@ init {
  *   -DBROKEN_ROOT_NOT_KEPT       A's step lets its root parent go when its handler is done
  *                                (the library before this model: R settled inside an outer
  *                                scope, cancelled and let go before B looks up);
+ *   -DBROKEN_LINK_STOPS_AT_LINKED a link walk that finds its promise linked stops there,
+ *                                leaving the parent unlinked (the library before: found with
+ *                                B on a queue, settled early, its walk paused);
+ *   -DBROKEN_IN_FLIGHT_KEEPS_NOTHING a holder's settle of a promise in flight keeps nothing,
+ *                                counting on its own hold, which the thread putting it in
+ *                                flight drops at once when it sees it settled (found here);
  *   -DBROKEN_EARLY_CHILD_UNLINKED a parent that fires a child settled early does not link
  *                                it (the library before this model: R's cancel is lost when
  *                                R dies before the link walk of L, below B, reaches A).
@@ -1838,7 +1844,8 @@ init {
  *   - a derived promise settled by its holder keeps its parent from before its claim until
  *     the cascade of its publish ends (`publishKeepingParent`);
  *   - a parent that fires a child and finds it settled already links the child and itself
- *     up its chain, while its own parent is held (`linkSettledEarly`);
+ *     up its chain, while its own parent is held (`linkIntoParentChain`, which links the
+ *     parent of a child linked already);
  *   - a step whose publish fired inline children keeps its parent till the cascade ends,
  *     a root too (`keepParentUntilCascadeEnds`).
  * ====================================================================================== */
@@ -1870,6 +1877,8 @@ bit  lobserving;      /* Q's observer list holds F's node */
 bit  lqOwned;         /* ghost: F's handler returned Q, which F now owns */
 bit  lqueued;         /* L's job is on its queue (holding L, and B for L's handler) */
 bit  lclaimed;        /* B's holder won B's claim (its publish may not have come yet) */
+bit  bQueued;         /* B = A.then(on: queue) in this run, not A.then(.immediate) */
+bit  lbJob;           /* B's job is on its queue (holding B, and A for B's handler) */
 byte target;
 
 #define LNOT_ROOT(n) (lparent[n] != LNONE)
@@ -1992,12 +2001,19 @@ inline llookup(p) {
     od
 }
 
-/* linkIntoParentChain: p into its parent's registry, then each unlinked ancestor into
- * its own, while the parent is alive; addToRegistry takes a cancel its parent carries. */
+/* linkIntoParentChain: p into its parent's registry (unless linked already), then each
+ * unlinked ancestor into its own, while the parent is alive; addToRegistry takes a cancel
+ * its parent carries. A linked p still has its parent linked: a descendant's walk may
+ * have linked p and not reached its parent yet (-DBROKEN_LINK_STOPS_AT_LINKED: it stops). */
 inline llink(p) {
     link = p;
+#ifdef BROKEN_LINK_STOPS_AT_LINKED
+    if :: llinked[p] -> link = LNONE :: else fi;
+#endif
     do
-    :: d_step {
+    :: link == LNONE -> break
+    :: link != LNONE ->
+       d_step {
            if
            :: !llinked[link] && LNOT_ROOT(link) && lalive[lparent[link]] ->
               llinked[link] = 1;
@@ -2005,10 +2021,11 @@ inline llink(p) {
               if :: LCARRIES(lparent[link]) -> lrefs[link]++; lrelease[link]++; todo = todo | BIT(link) :: else fi;
 #endif
               if :: LNOT_ROOT(lparent[link]) -> link = lparent[link] :: else -> link = LNONE fi
+           :: link == p && llinked[link] && LNOT_ROOT(link) && LNOT_ROOT(lparent[link]) ->
+              link = lparent[link]                     /* p linked already: on to its parent */
            :: else -> link = LNONE
            fi
-       };
-       if :: link == LNONE -> break :: else fi
+       }
     od;
     ldrain()
 }
@@ -2123,7 +2140,19 @@ proctype LRootSettler() {
               :: else -> firedB = 0                    /* settled first: runs nothing */
               fi
           };
-          ldrain()
+          ldrain();
+          if
+          :: firedB && bQueued ->
+             /* sourceDidSettle for a queued B, inside A's publish (A's handler holds R) */
+             d_step { carried = LCARRIES(LA) };
+             if :: !carried -> lenter_flight(LB); d_step { carried = LCARRIES(LA) } :: else fi;
+             if
+             :: carried -> d_step { todo = todo | BIT(LB); lrelease[LB]++ }; ldrain(); d_step { ldrop(LA) }
+             :: else -> lbJob = 1      /* its job holds B (the node's reference), B holds A */
+             fi;
+             firedB = 0                /* not an inline child: nothing more on this thread */
+          :: else
+          fi
        fi;
 #ifndef BROKEN_ROOT_NOT_KEPT
        /* A's handler is done; its publish fired B inline: A keeps R, a root, till the
@@ -2153,9 +2182,9 @@ proctype LRootSettler() {
 #ifndef BROKEN_EARLY_CHILD_UNLINKED
              /* Settled early: its descendants in flight may still be linking up, and A's
               * parent can die before their walk reaches it. So B and A are linked now,
-              * while A's parent is held (here by R's resolver, in its cascade):
-              * linkSettledEarly. */
-             if :: !firedLF && lstate[LB] != CANCELLED -> llink(LB); llink(LA) :: else fi;
+              * while A's parent is held (here by R's resolver, or A's cascade keep):
+              * runContinuation's linkIntoParentChain. */
+             if :: !firedLF && lstate[LB] != CANCELLED -> llink(LB) :: else fi;
 #endif
              if
              :: firedLF ->
@@ -2177,13 +2206,19 @@ proctype LRootSettler() {
 
 proctype LSideSettler() {      /* B's holder fulfils B early: claim, then publish */
     byte todo, n, c, cur, next, link;
-    bit carried, found, byHold, firedLF, ok, keptA;
+    bit carried, found, byHold, firedLF, ok, keptA, keepSelf;
 #ifndef BROKEN_SETTLE_DROPS_PARENT
     /* A derived promise settled by its holder keeps its parent (if alive) from before its
      * claim until the cascade of its publish ends, as a handler's step does:
      * publishKeepingParent. (-DBROKEN_KEEP_AFTER_CLAIM: from after the claim.) */
 #ifndef BROKEN_KEEP_AFTER_CLAIM
+    /* Even in flight: its own hold may go at once, dropped by the thread putting it in
+     * flight when that thread sees it settled (-DBROKEN_IN_FLIGHT_KEEPS_NOTHING: skipped). */
+#ifndef BROKEN_IN_FLIGHT_KEEPS_NOTHING
     d_step { if :: lalive[LA] -> lrefs[LA]++; keptA = 1 :: else fi };
+#else
+    d_step { if :: lalive[LA] && !lself[LB] -> lrefs[LA]++; keptA = 1 :: else fi };
+#endif
 #endif
 #endif
     d_step {
@@ -2194,13 +2229,44 @@ proctype LSideSettler() {      /* B's holder fulfils B early: claim, then publis
 #endif
     if
     :: ok ->
-       d_step { lstate[LB] = FULFILLED; lfire_children_of_B(0) };
+       /* in flight: publishLeavingFlight keeps its own hold till its cascade is over */
+       d_step { lstate[LB] = FULFILLED; keepSelf = lself[LB]; lfire_children_of_B(0) };
        ldrain();
-       if :: firedLF -> lfire_queued(); lrun_follower() :: else fi
+       if :: firedLF -> lfire_queued(); lrun_follower() :: else fi;
+       if :: keepSelf -> d_step { ldrop_self(LB) } :: else fi
     :: else
     fi;
     if :: keptA -> d_step { ldrop(LA) } :: else fi;   /* the cascade ends */
     d_step { ldrop(LB) }
+}
+
+proctype LBQueue() {           /* B's queue runs B's job */
+    byte todo, n, c, cur, next, link;
+    bit carried, found, byHold, firedLF, ok, keepSelf;
+endIdle:                       /* a valid end: B may never be queued */
+    lbJob;
+    d_step {
+        if
+        :: lstate[LB] == PENDING && !lclaimed ->       /* its handler claims, then looks up */
+           llookup(LA);
+           lstate[LB] = (found -> CANCELLED : FULFILLED);
+           keepSelf = lself[LB];                        /* publishLeavingFlight */
+           ok = 1;
+           lfire_children_of_B(found)
+        :: else -> ok = 0; firedLF = 0
+        fi
+    };
+    ldrain();
+    if
+    :: ok ->
+       if :: firedLF -> lfire_queued(); lrun_follower() :: else fi;  /* inside the publish */
+       if :: keepSelf -> d_step { ldrop_self(LB) } :: else fi
+    :: !ok && lstate[LB] != CANCELLED ->
+       llink(LB)                                         /* runContinuation's link */
+    :: else
+    fi;
+    d_step { ldrop(LA) };      /* its handler is done with A */
+    d_step { ldrop(LB) }       /* the job ends */
 }
 
 proctype LCanceller() {
@@ -2223,8 +2289,10 @@ init {
         if :: target = LR :: target = LA :: target = LB fi;
         lrefs[target] = lrefs[target] + 1;              /* the canceller's */
         if :: side = 1; lrefs[LB] = lrefs[LB] + 1 :: side = 0 fi;
+        if :: bQueued = 1 :: bQueued = 0 fi;
         run LRootSettler(); run LCanceller();
-        if :: side -> run LSideSettler() :: else fi
+        if :: side -> run LSideSettler() :: else fi;
+        if :: bQueued -> run LBQueue() :: else fi
     }
     timeout;
     assert(lstate[LL] == CANCELLED);

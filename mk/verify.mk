@@ -85,8 +85,9 @@ $(eval $(call verify_run,prune-safety,pass,-DPRUNE,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,cascade-safety,pass,-DCASCADE_MODEL,$(PAN_SAFETY),-m100000))
 
 # The lifetime model's rules together: a cancel of R, A or B against a chain whose step B
-# may be settled early by its holder, a queued leaf, a follower, deaths; every reference
-# released once, after its last user.
+# (inline or on a queue) may be settled early by its holder, a queued leaf, a follower, a
+# root settled at the top or nested, deaths; every reference released once, after its
+# last user.
 $(eval $(call verify_run,lifetime-safety,pass,-DLIFETIME_MODEL,$(PAN_SAFETY),-m100000))
 
 # The holds words: two children going in flight under one parent while they settle.
@@ -118,6 +119,8 @@ $(eval $(call verify_run,broken-lifetime-self-kept,fail,-DLIFETIME_MODEL -DBROKE
 $(eval $(call verify_run,broken-lifetime-settle-drops-parent,fail,-DLIFETIME_MODEL -DBROKEN_SETTLE_DROPS_PARENT,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-keep-after-claim,fail,-DLIFETIME_MODEL -DBROKEN_KEEP_AFTER_CLAIM,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-root-not-kept,fail,-DLIFETIME_MODEL -DBROKEN_ROOT_NOT_KEPT,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-link-stops-at-linked,fail,-DLIFETIME_MODEL -DBROKEN_LINK_STOPS_AT_LINKED,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-in-flight-keeps-nothing,fail,-DLIFETIME_MODEL -DBROKEN_IN_FLIGHT_KEEPS_NOTHING,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps

@@ -120,14 +120,14 @@ extension AnyPromise {
     /// claim is won, the parent's handler may find this promise settled, let the parent
     /// go and free it, before the publish could take it.
     ///
-    /// Nil too for a promise already settled (its claim would fail) or in flight (its own
-    /// hold keeps the path until its publish, `publishLeavingFlight`).
+    /// Nil too for a promise already settled (its claim would fail). A promise in flight
+    /// takes it all the same: its own hold would keep the path, but the thread putting it
+    /// in flight drops that hold at once if it sees the promise settled.
     @inlinable
     final func parentToKeepForSettle() -> Unmanaged<AnyPromise>? {
         guard holdsItsParentInFlight else { return nil }
         let claimed = claimHint
-        guard claimed == UInt(PC_CLAIM_FREE) || claimed == UInt(PC_CLAIM_FOLLOWING),
-              !pc_holds_self_hint(corePointer) else { return nil }
+        guard claimed == UInt(PC_CLAIM_FREE) || claimed == UInt(PC_CLAIM_FOLLOWING) else { return nil }
         return retainedParentIfAlive()
     }
 
@@ -151,15 +151,15 @@ extension AnyPromise {
     /// path its children take when they go in flight: a child queued on a context takes
     /// its hold inside this publish, and an `.immediate` child that locks in to follow a
     /// promise takes it later in the cascade. If the parent died before either, a cancel
-    /// of a live ancestor would find the path broken. So the parent is kept as a handler's
-    /// step keeps it (`keepParentUntilCascadeEnds`): across the publish, and until the
-    /// cascade ends if the publish fired `.immediate` children. (A promise in flight keeps
-    /// its path through its holds as well, `publishLeavingFlight`.)
+    /// of a live ancestor would find the path broken. So the parent is kept across the
+    /// publish, and, inside a cascade, until it ends, since `.immediate` children run
+    /// later in it (outside one, they ran inside the publish). Unlike a handler's step,
+    /// this asks no cascade watch: the publish of a promise in flight watches for itself
+    /// (`publishLeavingFlight`), and holder settles are rare enough to keep regardless.
     @usableFromInline
     final func publishKeepingParent(_ parent: Unmanaged<AnyPromise>) {
-        let previousWatch = watchCascade()
         publishClaimedOutcome()
-        if AnyPromise.endCascadeWatch(previousWatch) && keepUntilCascadeEnds(parent, then: releaseKeptPromise) { return }
+        if keepUntilCascadeEnds(parent, then: releaseKeptPromise) { return }
         parent.release()
     }
 

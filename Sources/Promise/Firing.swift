@@ -156,7 +156,10 @@ extension AnyPromise {
         } else if claimed == UInt(PC_CLAIM_FOLLOWING) {
             stayInFlight(parent: parent)  // locked in before: released unrun
         } else if claimed != UInt(PC_CANCELLED) {
-            linkSettledEarly(parent: parent)  // settled by its holder first: `handler` is released unrun
+            // Settled by its holder first (`handler` is released unrun): its descendants may
+            // be linking up on another thread while the ancestors above are cancelled and let
+            // go, so it is linked now, with its parent held here (see `linkIntoParentChain`).
+            linkIntoParentChain(parent: parent)
         }
     }
 }

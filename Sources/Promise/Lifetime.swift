@@ -21,8 +21,9 @@ import CPromiseCore
 // - A side branch settled early (by its holder, or by the promise `resolve(with:)` made it
 //   follow) keeps its parent from before its claim through its cascade
 //   (`publishKeepingParent`, CoreBridge.swift), and its parent, firing it, links it up
-//   (`linkSettledEarly`): no handler holds that path, and its descendants may be linking
-//   up on another thread while the ancestors above are cancelled and let go.
+//   (`linkIntoParentChain`, which links the parent even when the child is linked): no
+//   handler holds that path, and its descendants may be linking up on another thread
+//   while the ancestors above are cancelled and let go.
 
 extension AnyPromise {
     /// In a cascade of handlers run inline by one settling call (`.immediate` children
@@ -91,33 +92,20 @@ extension AnyPromise {
     /// the first ancestor that is linked already (each link is made once). Reachability
     /// only: whether the path is held is `holdPathWhileInFlight`'s business.
     ///
+    /// A promise linked already still has its parent linked: a descendant's walk may have
+    /// linked it and not yet reached the parent (another thread, paused between two
+    /// pushes while the ancestors above settle, are cancelled and are let go). The caller
+    /// holds the parent, and the parent's own parent is held too (by its handler, the
+    /// cascade or its settling call), so linking it now means a cancel of any live
+    /// ancestor finds the path, or the path finds the cancel (`addToRegistry`).
+    ///
     /// - Parameter parent: this promise's parent, which the caller holds.
     final func linkIntoParentChain(parent: AnyPromise) {
-        guard setTreeFlag(TreeFlag.linked) else { return }
-        parent.addToRegistry(self)
+        if setTreeFlag(TreeFlag.linked) { parent.addToRegistry(self) }
         // The common case ends here, without touching the reference counts: the parent is
         // a root, or linked already (pc_tree_flags_set would refuse it anyway).
         if parent.isRoot || parent.treeFlags & TreeFlag.linked != 0 { return }
         AnyPromise.linkAncestors(from: parent)
-    }
-
-    /// Called when this promise's parent fires it and finds it settled already, by its
-    /// holder or by the promise `resolve(with:)` made it follow (a side branch settled
-    /// early): links it and its parent up the chain, while the caller holds the parent
-    /// (whose own parent its handler or the cascade keeps, `keepParentUntilCascadeEnds`,
-    /// or its settling call holds). Its descendants in flight may still be
-    /// linking up on another thread, and by the time their walk reaches the parent, the
-    /// parent's parent may have been cancelled and let go: linked now, a cancel of any
-    /// live ancestor finds the parent in its registry, or the parent finds the cancel
-    /// when it links (`addToRegistry`). Rare (a settle that beat the handler), so its cost
-    /// does not matter.
-    ///
-    /// - Parameter parent: this promise's parent, which the caller holds.
-    final func linkSettledEarly(parent: AnyPromise) {
-        linkIntoParentChain(parent: parent)
-        // This promise may have been linked already by a descendant whose walk has not
-        // reached the parent yet: link the parent itself.
-        if !parent.isRoot && parent.treeFlags & TreeFlag.linked == 0 { AnyPromise.linkAncestors(from: parent) }
     }
 
     /// The rest of `linkIntoParentChain`'s walk, from `promise` (not linked yet) up.

@@ -47,14 +47,14 @@ extension AnyPromise {
 
     /// A handler's claim on its own child failed: locked in by `resolve(with:)` while the
     /// handler ran, which leaves the child in flight; or settled by its holder meanwhile,
-    /// which links it up (`linkSettledEarly`); or cancelled, which needs nothing more.
+    /// which links it up (as `runContinuation` does); or cancelled, which needs nothing more.
     @usableFromInline
     final func lostClaimToHandler(parent: AnyPromise) {
         let claimed = claimHint
         if claimed == UInt(PC_CLAIM_FOLLOWING) {
             stayInFlight(parent: parent)
         } else if claimed != UInt(PC_CANCELLED) {
-            linkSettledEarly(parent: parent)
+            linkIntoParentChain(parent: parent)
         }
     }
 

@@ -3,8 +3,9 @@
 //   - a side branch of the leaf settling early and running a recovery on a queue (what a
 //     fired `timeout` does), while the root fulfils and the leaf's handler waits on a
 //     held queue: the leaf ends cancelled with the canceller's reason, always;
-//   - a step settled early by its holder while the root fulfils, is cancelled and let go:
-//     the step's queued child and its inline, following child end cancelled, always;
+//   - a step (inline, or in flight on a queue) settled early by its holder while the root
+//     fulfils, is cancelled and let go: the step's queued child and its inline, following
+//     child end cancelled, always;
 //   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
 //     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
 //     or cancelled with the canceller's reason, never with the followed promise's value;
@@ -68,6 +69,7 @@ final class LifetimeModelStressTests: XCTestCase {
         let crew = Crew(size: 2)
         defer { crew.stop() }
         var handlerRan = 0, holderSettled = 0
+        let stepQueue = DispatchQueue(label: "LifetimeModelStressTests.step")
 
         runStressRounds("cancel and drop of the root racing a step's early settle by its holder", invariants: [
             "the step's queued child ends cancelled with the root's reason",
@@ -80,7 +82,10 @@ final class LifetimeModelStressTests: XCTestCase {
             held.suspend()
             // Only this box holds the root: its canceller lets it go at once.
             let rootBox = Locked<Promise<Int>?>(Promise<Int>())
-            let step = rootBox.withLock { $0! }.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
+            // Odd rounds: the step's handler waits on a queue, so the step is in flight when
+            // its holder settles it.
+            let stepContext: any ExecutionContext = round.isMultiple(of: 2) ? .immediate : stepQueue
+            let step = rootBox.withLock { $0! }.then(on: .immediate) { $0 + 1 }.then(on: stepContext) { $0 + 1 }
             let queued = step.then(on: held) { $0 + 1 }
             let followed = Promise<Int>()
             let ran = Locked(false)
@@ -102,6 +107,9 @@ final class LifetimeModelStressTests: XCTestCase {
                 }
             }
             checker.check(finished, "round hung")
+            // A step whose handler ran on its queue settles its children there; one of them
+            // may still be locking in, and takes the cancel when it does.
+            stepQueue.sync {}
             checker.check(queued.isCancelled, "the queued child ended \(queued.state)")
             checker.check(following.isCancelled, "the inline child ended \(following.state)")
             if holderWon.withLock({ $0 }) { holderSettled += 1 }
