@@ -83,8 +83,10 @@ extension AnyPromise {
     ///
     /// Cost: one look at the parent when no cancel of a settled promise ran anywhere since
     /// the parent checked (the forwarding epoch it recorded is still current); otherwise a
-    /// walk up to the first ancestor that verified the current epoch, the root, or a
-    /// pending ancestor (whose own cancel still reaches its children by firing them).
+    /// walk up to the first ancestor that verified the current epoch, or the root. The
+    /// walk passes pending ancestors: one may be a step whose own `.immediate` handler has
+    /// not run yet (it takes the cancel when it claims), while this child sits below a
+    /// promise its holder settled early and claims first.
     ///
     /// `recording: false` only looks (for a promise that may be adopting an outcome on
     /// another thread meanwhile, which records for itself).
@@ -120,7 +122,7 @@ extension AnyPromise {
             if let reason = ancestor.cancelReasonForDescendants { return reason }
             if covers(ancestor, epoch: epoch, quiet: quiet) { return nil }
             // An ancestor that died has nobody left to cancel it, and passes nothing down.
-            guard let up = ancestor.parentIfAlive, !up.isPending else { return nil }
+            guard let up = ancestor.parentIfAlive else { return nil }
             ancestor = up
         }
     }

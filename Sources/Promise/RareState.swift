@@ -279,6 +279,9 @@ final class RareState: @unchecked Sendable {
                 return true
             }
             if deferred {
+                // Its timeout children settle later on this thread, as `.immediate` children
+                // would: the step that settled `settled` keeps its own parent till then.
+                settled._withUnsafeGuaranteedRef { $0.noteInlineChildFired() }
                 deferNode(node)  // the node's retain goes with it
             } else {
                 state.release()  // the node's retain
@@ -287,9 +290,9 @@ final class RareState: @unchecked Sendable {
         }
         let rare = state.takeRetainedValue()
         let settled = rare.sourceRetain.take().unsafelyUnwrapped
-        let keep = settled._withUnsafeGuaranteedRef { source in
-            rare.settleFollowers(from: source) && source.parentAddress != nil
-        }
+        // A root too: code inside the cascade may cancel it and let it go before the
+        // timeout children's own children look up (see `keepParentUntilCascadeEnds`).
+        let keep = settled._withUnsafeGuaranteedRef { rare.settleFollowers(from: $0) }
         if keep && keepUntilCascadeEnds(settled, then: releaseKeptPromise) { return }
         settled.release()
     }

@@ -173,6 +173,68 @@ final class LifetimeModelTests: XCTestCase {
         }
     }
 
+    /// A `timeout` child takes its receiver's outcome through the receiver's waiter list, on
+    /// a root settled inside an outer scope (so the cascade runs after `fulfill` returned),
+    /// or on a child of that root; while the timeout child's cascade is paused, the root is
+    /// cancelled and, in the second round, let go. The timeout child's inline child, still
+    /// to run, ends cancelled.
+    func testCancelReachesTheChildOfATimeoutChildAdoptingInsideACascade() {
+        for receiverIsRoot in [true, false] {
+            for dropRoot in [false, true] {
+                let rootBox = Handoff(Promise<Int>())
+                let cancelBox = Handoff(rootBox.peek)
+                let receiver = receiverIsRoot ? rootBox.peek! : rootBox.peek!.then(on: .immediate) { $0 + 1 }
+                let timed = receiver.timeout(.seconds(100))
+                let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
+                timed.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() }
+                let child = timed.then(on: .immediate) { $0 + 1 }
+                let done = DispatchSemaphore(value: 0)
+                DispatchQueue.global().async {
+                    Promise<Void>(value: ()).whenComplete(on: .immediate) { _ in rootBox.take()!.fulfill(1) }
+                    done.signal()
+                }
+                inCascade.wait()
+                var root = cancelBox.take()
+                root!.cancel(reason: Reason(tag: 9))
+                if dropRoot { root = nil }
+                XCTAssertTrue(child.isPending)
+                go.signal()
+                XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
+                XCTAssertTrue(child.isCancelled, "receiverIsRoot \(receiverIsRoot), dropRoot \(dropRoot): \(child.state)")
+                withExtendedLifetime(root) {}
+            }
+        }
+    }
+
+    /// A child's handler claims below a step its holder settled early, whose parent's own
+    /// `.immediate` handler has not run yet (queued behind a paused observer of the root),
+    /// after the settled root was cancelled: the look-up passes the pending parent and
+    /// finds the root's cancel.
+    func testCancelReachesAChildBelowAPendingStepThatHasNotRunYet() {
+        let root = Promise<Int>()
+        let rootPaused = DispatchSemaphore(value: 0), rootGo = DispatchSemaphore(value: 0)
+        root.whenComplete(on: .immediate) { _ in rootPaused.signal(); rootGo.wait() }
+        let pendingStep = root.then(on: .immediate) { $0 + 1 }
+        let settledEarly = pendingStep.then(on: .immediate) { $0 + 1 }
+        let stepPaused = DispatchSemaphore(value: 0), stepGo = DispatchSemaphore(value: 0)
+        settledEarly.whenComplete(on: .immediate) { _ in stepPaused.signal(); stepGo.wait() }
+        let child = settledEarly.then(on: .immediate) { $0 + 1 }
+        let rootDone = DispatchSemaphore(value: 0), stepDone = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async { settledEarly.fulfill(7); stepDone.signal() }
+        stepPaused.wait()
+        DispatchQueue.global().async { root.fulfill(1); rootDone.signal() }
+        rootPaused.wait()
+        root.cancel(reason: Reason(tag: 10))
+        XCTAssertTrue(child.isPending)
+        XCTAssertTrue(pendingStep.isPending)
+        stepGo.signal()
+        XCTAssertEqual(stepDone.wait(timeout: .now() + 10), .success)
+        XCTAssertTrue(child.isCancelled, "the child claimed after the root's cancel returned: \(child.state)")
+        rootGo.signal()
+        XCTAssertEqual(rootDone.wait(timeout: .now() + 10), .success)
+        XCTAssertTrue(pendingStep.isCancelled)
+    }
+
     // MARK: Follow chains are linear
 
     /// A follower that adopts its followee's outcome inside a cascade (the followee settled
