@@ -120,7 +120,9 @@ extension AnyPromise {
         var ancestor = start
         while true {
             if let reason = ancestor.cancelReasonForDescendants { return reason }
-            if covers(ancestor, epoch: epoch, quiet: quiet) { return nil }
+            // A pending ancestor's record is not published yet (its claim writes it, on
+            // its own thread, before the publish whose acquire makes it readable here).
+            if !ancestor.isPending && covers(ancestor, epoch: epoch, quiet: quiet) { return nil }
             // An ancestor that died has nobody left to cancel it, and passes nothing down.
             guard let up = ancestor.parentIfAlive else { return nil }
             ancestor = up
