@@ -6,6 +6,9 @@
 //   - a step (inline, or in flight on a queue) settled early by its holder while the root
 //     fulfils, is cancelled and let go: the step's queued child and its inline, following
 //     child end cancelled, always;
+//   - a root settled inside an outer scope, racing its cancel and drop, with a `timeout`
+//     child (of the root, or of a step below it) whose inline child runs in the cascade:
+//     a child whose handler saw the cancel return ends cancelled with that reason;
 //   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
 //     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
 //     or cancelled with the canceller's reason, never with the followed promise's value;
@@ -121,6 +124,67 @@ final class LifetimeModelStressTests: XCTestCase {
             if case .failure(let error) = Result(catching: { try queued.wait(timeout: .seconds(20)) }) {
                 checker.check(error as? Reason == Reason(round: round), "the queued child was cancelled with \(error)")
             }
+            return true
+        }
+    }
+
+    func testCancelReachesTheRunningChildOfATimeoutChildInANestedCascade() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var sawCancel = 0, fulfilled = 0, cancelled = 0
+
+        runStressRounds("cancel and drop of a root racing its nested settle, through a timeout child", invariants: [
+            "a child whose handler saw the root's cancel return ends cancelled with its reason",
+            "otherwise it ends fulfilled with its handler's value or cancelled with that reason",
+        ], details: {
+            "\(sawCancel) handlers saw the cancel return; \(fulfilled) fulfilled, \(cancelled) cancelled"
+        }) { checker in
+            let round = checker.round
+            // Only these boxes hold the root: the settler's and the canceller's, each taken once.
+            let rootBox = Locked<Promise<Int>?>(Promise<Int>())
+            let cancelBox = Locked<Promise<Int>?>(rootBox.withLock { $0 })
+            let root = rootBox.withLock { $0! }
+            // Odd rounds: the timeout's receiver is a step below the root, not the root.
+            let receiver = round.isMultiple(of: 2) ? root : root.then(on: .immediate) { $0 }
+            let timed = receiver.timeout(.seconds(100))
+            let cancelReturned = Locked(false), handlerSawCancel = Locked(false)
+            var handlerRandom = StressRandom(round: round, seat: 9)
+            let spinInHandler = handlerRandom.below(round.isMultiple(of: 4) ? 20_000 : 400)
+            let child = timed.then(on: .immediate) { value -> Int in
+                spin(spinInHandler)
+                let seen = cancelReturned.withLock { $0 }
+                handlerSawCancel.withLock { $0 = seen }
+                return value + 1
+            }
+
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(300))
+                if seat == 0 {
+                    // Settled inside an outer scope: its cascade runs after `fulfill` returned.
+                    Promise<Void>(value: ()).whenComplete(on: .immediate) { _ in
+                        rootBox.withLock { $0.take()! }.fulfill(1)
+                    }
+                } else {
+                    let root = cancelBox.withLock { $0.take()! }
+                    root.cancel(reason: Reason(round: round))
+                    cancelReturned.withLock { $0 = true }
+                }
+            }
+            checker.check(finished, "round hung")
+            let mustBeCancelled = handlerSawCancel.withLock { $0 }
+            if mustBeCancelled { sawCancel += 1 }
+            switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
+            case .success(let value):
+                checker.check(!mustBeCancelled, "the child's handler saw the cancel return, yet it ended fulfilled")
+                checker.check(value == 2, "the child took \(value), not 2")
+                fulfilled += 1
+            case .failure(let error):
+                checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
+                cancelled += 1
+            }
+            timed.cancel()  // its timer goes
             return true
         }
     }
