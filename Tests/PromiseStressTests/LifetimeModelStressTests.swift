@@ -26,7 +26,7 @@ import Promise
 import XCTest
 
 final class LifetimeModelStressTests: XCTestCase {
-    private struct Reason: Error, Equatable { let round: Int }
+    fileprivate struct Reason: Error, Equatable { let round: Int }
     private struct Early: Error {}
 
     func testCancelReachesAQueuedLeafWhileItsSideBranchSettlesEarly() {
@@ -131,14 +131,12 @@ final class LifetimeModelStressTests: XCTestCase {
     func testCancelReachesTheRunningChildOfATimeoutChildInANestedCascade() {
         let crew = Crew(size: 2)
         defer { crew.stop() }
-        var sawCancel = 0, fulfilled = 0, cancelled = 0
+        let tally = ClaimTally()
 
         runStressRounds("cancel and drop of a root racing its nested settle, through a timeout child", invariants: [
             "a child whose handler saw the root's cancel return ends cancelled with its reason",
             "otherwise it ends fulfilled with its handler's value or cancelled with that reason",
-        ], details: {
-            "\(sawCancel) handlers saw the cancel return; \(fulfilled) fulfilled, \(cancelled) cancelled"
-        }) { checker in
+        ], details: { tally.summary }) { checker in
             let round = checker.round
             // Only these boxes hold the root: the settler's and the canceller's, each taken once.
             let rootBox = Locked<Promise<Int>?>(Promise<Int>())
@@ -173,17 +171,7 @@ final class LifetimeModelStressTests: XCTestCase {
                 }
             }
             checker.check(finished, "round hung")
-            let mustBeCancelled = handlerSawCancel.withLock { $0 }
-            if mustBeCancelled { sawCancel += 1 }
-            switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
-            case .success(let value):
-                checker.check(!mustBeCancelled, "the child's handler saw the cancel return, yet it ended fulfilled")
-                checker.check(value == 2, "the child took \(value), not 2")
-                fulfilled += 1
-            case .failure(let error):
-                checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
-                cancelled += 1
-            }
+            tally.record(child, sawCancel: handlerSawCancel.withLock { $0 }, expected: 2, round: round, checker: checker)
             timed.cancel()  // its timer goes
             return true
         }
@@ -252,14 +240,12 @@ final class LifetimeModelStressTests: XCTestCase {
     func testCancelReachesTheRunningChildOfAFollowerSettlingInsideACascade() {
         let crew = Crew(size: 2)
         defer { crew.stop() }
-        var sawCancel = 0, fulfilled = 0, cancelled = 0
+        let tally = ClaimTally()
 
         runStressRounds("cancel racing a follower's adoption and its inline child's handler", invariants: [
             "a child whose handler saw the root's cancel return ends cancelled with its reason",
             "otherwise it ends fulfilled with the followed value or cancelled with that reason",
-        ], details: {
-            "\(sawCancel) handlers saw the cancel return; \(fulfilled) fulfilled, \(cancelled) cancelled"
-        }) { checker in
+        ], details: { tally.summary }) { checker in
             let round = checker.round
             let root = Promise<Int>()
             let followed = Promise<Int>()
@@ -288,17 +274,7 @@ final class LifetimeModelStressTests: XCTestCase {
                 }
             }
             checker.check(finished, "round hung")
-            let mustBeCancelled = handlerSawCancel.withLock { $0 }
-            if mustBeCancelled { sawCancel += 1 }
-            switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
-            case .success(let value):
-                checker.check(!mustBeCancelled, "the child's handler saw the cancel return, yet it ended fulfilled")
-                checker.check(value == 5, "the child took \(value), not 5")
-                fulfilled += 1
-            case .failure(let error):
-                checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
-                cancelled += 1
-            }
+            tally.record(child, sawCancel: handlerSawCancel.withLock { $0 }, expected: 5, round: round, checker: checker)
             return true
         }
     }
@@ -362,6 +338,31 @@ final class LifetimeModelStressTests: XCTestCase {
                 cancelled += 1
             }
             return true
+        }
+    }
+}
+
+/// The outcomes of children whose handler raced a cancel: one that saw the cancel return
+/// before it returned must end cancelled with the round's reason; any other ends fulfilled
+/// with `expected` or cancelled with that reason.
+private final class ClaimTally {
+    private(set) var sawCancel = 0, fulfilled = 0, cancelled = 0
+
+    var summary: String {
+        "\(sawCancel) handlers saw the cancel return; \(fulfilled) fulfilled, \(cancelled) cancelled"
+    }
+
+    func record(_ child: Promise<Int>, sawCancel mustBeCancelled: Bool, expected: Int, round: Int, checker: RoundChecker) {
+        if mustBeCancelled { sawCancel += 1 }
+        switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
+        case .success(let value):
+            checker.check(!mustBeCancelled, "the child's handler saw the cancel return, yet it ended fulfilled")
+            checker.check(value == expected, "the child took \(value), not \(expected)")
+            fulfilled += 1
+        case .failure(let error):
+            checker.check(error as? LifetimeModelStressTests.Reason == LifetimeModelStressTests.Reason(round: round),
+                          "the child failed with \(error)")
+            cancelled += 1
         }
     }
 }
