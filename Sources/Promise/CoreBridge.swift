@@ -147,15 +147,15 @@ extension AnyPromise {
     /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its
     /// parent may still be pending (a side branch settled early, as `timeout`'s timer
     /// settles its child, or by the promise `resolve(with:)` made it follow) has no
-    /// handler holding the parent, so nothing would keep the
-    /// path its children take when they go in flight: a child queued on a context takes
-    /// its hold inside this publish, and an `.immediate` child that locks in to follow a
-    /// promise takes it later in the cascade. If the parent died before either, a cancel
-    /// of a live ancestor would find the path broken. So the parent is kept across the
-    /// publish, and, inside a cascade, until it ends, since `.immediate` children run
-    /// later in it (outside one, they ran inside the publish). Unlike a handler's step,
-    /// this asks no cascade watch: the publish of a promise in flight watches for itself
-    /// (`publishLeavingFlight`), and holder settles are rare enough to keep regardless.
+    /// handler holding the parent, so nothing would keep the path its children take when
+    /// they go in flight: a child queued on a context takes its hold inside this publish,
+    /// and an `.immediate` child that locks in to follow a promise takes it later in the
+    /// cascade. If the parent died before either, a cancel of a live ancestor would find
+    /// the path broken. So the parent is kept across the publish, and, inside a cascade,
+    /// until it ends, since `.immediate` children run later in it (outside one, they ran
+    /// inside the publish). Unlike a handler's step, this asks no cascade watch: the
+    /// publish of a promise in flight watches for itself (`publishLeavingFlight`), and
+    /// holder settles are rare enough to keep regardless.
     @usableFromInline
     final func publishKeepingParent(_ parent: Unmanaged<AnyPromise>) {
         publishClaimedOutcome()
