@@ -76,61 +76,43 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertTrue(child.isCancelled)
     }
 
-    /// A step settled by its holder while its parent was still pending (as `timeout`'s
-    /// timer settles its child): its `.immediate` child locks in to follow a promise late
-    /// in that settle's cascade, after the parent ran, nobody held the parent any more,
-    /// and the root was cancelled (and, in the second round, let go). The cancel reaches
-    /// the child (on the previous version its handler ran and followed, and the cancel
-    /// missed it).
-    func testCancelReachesAChildOfAStepItsHolderSettledEarly() {
-        for dropRoot in [false, true] {
-            var root: Promise<Int>? = Promise<Int>()
-            let settledEarly = root!.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
-            let followed = Promise<Int>()
-            let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
-            // Registered first, so it runs first in the settle's cascade, before the child's handler.
-            settledEarly.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() }
-            let ran = Flag()
-            let child = settledEarly.then(on: .immediate) { _ in ran.set(); return followed }
-            let settled = DispatchSemaphore(value: 0)
-            DispatchQueue.global().async { settledEarly.fulfill(7); settled.signal() }
-            inCascade.wait()
-            root!.fulfill(1)  // its child runs and finds `settledEarly` settled; nothing holds it after
-            root!.cancel(reason: Reason(tag: 6))
-            if dropRoot { root = nil }
-            go.signal()
-            XCTAssertEqual(settled.wait(timeout: .now() + 10), .success)
-            XCTAssertTrue(child.isCancelled, "dropRoot \(dropRoot): the cancel missed the child")
-            // The cancel reached `settledEarly` before the child's handler ran, so the
-            // handler is dropped unrun; had it run, the promise it returned is the child's.
-            XCTAssertEqual(followed.isCancelled, ran.isSet, "dropRoot \(dropRoot)")
-        }
-    }
-
-    /// The same, with the step locked in by `resolve(with:)` while its parent is pending,
-    /// and settled by the promise it follows on another thread: the adoption is a settle
-    /// by someone other than the step's handler, and keeps the parent the same way.
-    func testCancelReachesAChildOfAStepThatAdoptedItsFolloweeEarly() {
-        for dropRoot in [false, true] {
-            var root: Promise<Int>? = Promise<Int>()
-            let lockedIn = root!.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
-            let followee = Promise<Int>()
-            lockedIn.resolve(with: followee)
-            let followed = Promise<Int>()
-            let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
-            lockedIn.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() }
-            let ran = Flag()
-            let child = lockedIn.then(on: .immediate) { _ in ran.set(); return followed }
-            let settled = DispatchSemaphore(value: 0)
-            DispatchQueue.global().async { followee.fulfill(7); settled.signal() }
-            inCascade.wait()
-            root!.fulfill(1)
-            root!.cancel(reason: Reason(tag: 7))
-            if dropRoot { root = nil }
-            go.signal()
-            XCTAssertEqual(settled.wait(timeout: .now() + 10), .success)
-            XCTAssertTrue(child.isCancelled, "dropRoot \(dropRoot): the cancel missed the child")
-            XCTAssertEqual(followed.isCancelled, ran.isSet, "dropRoot \(dropRoot)")
+    /// A step settled by someone other than its handler while its parent was still pending:
+    /// by its holder (as `timeout`'s timer settles its child), or by the promise
+    /// `resolve(with:)` locked it to, on another thread. Its `.immediate` child locks in to
+    /// follow a promise late in that settle's cascade, after the parent ran, nobody held
+    /// the parent any more, and the root was cancelled (and, in the second round, let go).
+    /// The cancel reaches the child (on the previous version its handler ran and followed,
+    /// and the cancel missed it).
+    func testCancelReachesAChildOfAStepSettledEarlyByItsHolderOrFollowee() {
+        for byFollowee in [false, true] {
+            for dropRoot in [false, true] {
+                var root: Promise<Int>? = Promise<Int>()
+                let settledEarly = root!.then(on: .immediate) { $0 + 1 }.then(on: .immediate) { $0 + 1 }
+                let followee = Promise<Int>()
+                if byFollowee { settledEarly.resolve(with: followee) }
+                let followed = Promise<Int>()
+                let inCascade = DispatchSemaphore(value: 0), go = DispatchSemaphore(value: 0)
+                // Registered first, so it runs first in the settle's cascade, before the child's handler.
+                settledEarly.whenComplete(on: .immediate) { _ in inCascade.signal(); go.wait() }
+                let ran = Flag()
+                let child = settledEarly.then(on: .immediate) { _ in ran.set(); return followed }
+                let settled = DispatchSemaphore(value: 0)
+                DispatchQueue.global().async {
+                    if byFollowee { followee.fulfill(7) } else { settledEarly.fulfill(7) }
+                    settled.signal()
+                }
+                inCascade.wait()
+                root!.fulfill(1)  // its child runs and finds `settledEarly` settled; nothing holds it after
+                root!.cancel(reason: Reason(tag: 6))
+                if dropRoot { root = nil }
+                go.signal()
+                let round = "byFollowee \(byFollowee), dropRoot \(dropRoot)"
+                XCTAssertEqual(settled.wait(timeout: .now() + 10), .success)
+                XCTAssertTrue(child.isCancelled, "\(round): the cancel missed the child")
+                // The cancel reached `settledEarly` before the child's handler ran, so the
+                // handler is dropped unrun; had it run, the promise it returned is the child's.
+                XCTAssertEqual(followed.isCancelled, ran.isSet, round)
+            }
         }
     }
 
