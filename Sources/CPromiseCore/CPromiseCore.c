@@ -20,10 +20,12 @@
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
-/* Fifteen words on 64-bit targets; on 32-bit ones the second node's 8-byte alignment
- * costs one word of padding before it (make test-core-32 builds it so). */
-_Static_assert(sizeof(pc_promise) == (sizeof(void *) == 8 ? 15 : 16) * sizeof(void *),
-               "pc_promise is fifteen words (sixteen on 32-bit targets)");
+/* Thirteen words on 64-bit targets; on 32-bit ones the second node's 8-byte alignment
+ * costs one word of padding before it (make test-core-32 builds it so). A derived
+ * promise adds its two-word pc_lineage. */
+_Static_assert(sizeof(pc_promise) == (sizeof(void *) == 8 ? 13 : 14) * sizeof(void *),
+               "pc_promise is thirteen words (fourteen on 32-bit targets)");
+_Static_assert(sizeof(pc_lineage) == 2 * sizeof(void *), "pc_lineage is two words");
 
 /* A guaranteed tail call where the compiler offers one (clang; gcc 15), a plain one
  * elsewhere. */
@@ -503,14 +505,14 @@ bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
 
 /* ---- holds on the path of an in-flight descendant ---------------------------------- */
 
-bool pc_holds_add_if_holding(pc_promise *promise, uintptr_t delta) {
+bool pc_holds_add_if_holding(pc_lineage *lineage, uintptr_t delta) {
     /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
     while ((seen & ~(uintptr_t)PC_HOLDS_GONE) != 0) {
         /* full: an increment-if-holding must not let a concurrent last release pass it
          * unseen (the CAS fails if that release changed the word first). */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen + delta));
+            PC_WORD(&lineage->holds), (AO_t)seen, (AO_t)(seen + delta));
         if (was == seen) {
             return true;
         }
@@ -519,16 +521,16 @@ bool pc_holds_add_if_holding(pc_promise *promise, uintptr_t delta) {
     return false;
 }
 
-uintptr_t pc_holds_add(pc_promise *promise, uintptr_t delta) {
+uintptr_t pc_holds_add(pc_lineage *lineage, uintptr_t delta) {
     /* full: the StoreLoad half orders this add before the caller's next pc_state load
      * (the Dekker pairing with pc_publish's full CAS, see the header). */
-    return (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->holds), (AO_t)delta);
+    return (uintptr_t)AO_fetch_and_add_full(PC_WORD(&lineage->holds), (AO_t)delta);
 }
 
-uintptr_t pc_holds_remove_one(pc_promise *promise) {
+uintptr_t pc_holds_remove_one(pc_lineage *lineage) {
     /* full: the caller that removes the last hold then drops what the holds kept; every
      * earlier hold's changes happen before. */
-    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&promise->holds),
+    uintptr_t before = (uintptr_t)AO_fetch_and_add_full(PC_WORD(&lineage->holds),
                                                         (AO_t)(0 - (uintptr_t)PC_HOLDS_ONE));
     if (before < PC_HOLDS_ONE) {
         pc_die("pc_holds_remove_one", "removed a hold that was never added", before);
@@ -536,13 +538,13 @@ uintptr_t pc_holds_remove_one(pc_promise *promise) {
     return before;
 }
 
-uintptr_t pc_holds_clear_self(pc_promise *promise) {
+uintptr_t pc_holds_clear_self(pc_lineage *lineage) {
     /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
     while ((seen & PC_HOLDS_SELF) != 0) {
         /* full: as pc_holds_remove_one; and only one caller clears the bit. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen & ~(uintptr_t)PC_HOLDS_SELF));
+            PC_WORD(&lineage->holds), (AO_t)seen, (AO_t)(seen & ~(uintptr_t)PC_HOLDS_SELF));
         if (was == seen) {
             return seen;
         }
@@ -551,13 +553,13 @@ uintptr_t pc_holds_clear_self(pc_promise *promise) {
     return seen;
 }
 
-void pc_holds_mark_gone(pc_promise *promise) {
+void pc_holds_mark_gone(pc_lineage *lineage) {
     /* full: the bit is set before the caller's following pc_holds_add, so a last release
      * that follows that add in the word's order sees it. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->holds));
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
     while ((seen & PC_HOLDS_GONE) == 0) {
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->holds), (AO_t)seen, (AO_t)(seen | PC_HOLDS_GONE));
+            PC_WORD(&lineage->holds), (AO_t)seen, (AO_t)(seen | PC_HOLDS_GONE));
         if (was == seen) {
             return;
         }

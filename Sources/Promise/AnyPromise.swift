@@ -64,7 +64,7 @@ public class AnyPromise: @unchecked Sendable {
     /// The parent's address, its memory held by our unowned count (see `parentIfAlive`);
     /// nil for a root. Set once, before the promise is shared.
     final var parentAddress: UnsafeMutableRawPointer? {
-        UnsafeMutableRawPointer(bitPattern: parentWord.pointee & ParentLink.addressMask)
+        UnsafeMutableRawPointer(bitPattern: parentWord & ParentLink.addressMask)
     }
 
     /// Whether this promise keeps its parent alive while a descendant is in flight (see
@@ -72,21 +72,9 @@ public class AnyPromise: @unchecked Sendable {
     /// (Inlinable: every publish asks, `publishClaimedOutcome`.)
     @inlinable
     final var holdsItsParentInFlight: Bool {
-        let parent = corePointer.pointee.parent  // written once, before the promise is shared
-        return parent & ParentLink.parentIsRoot == 0 && parent != 0
+        // The parent word is written once, before the promise is shared.
+        !isRoot && withLineage { $0.pointee.core.parent } & ParentLink.parentIsRoot == 0
     }
-
-    /// The parent, held from the moment it fires this child until the child's handler has
-    /// run or was dropped: the handler reads the parent's outcome, which lives only as
-    /// long as the parent. Never set while the parent is pending (no retain cycle), and
-    /// dropped as soon as the handler is done (`runContinuationTakingParent`,
-    /// `runDeferred`), so a settled child keeps nothing above it. Written and taken by one
-    /// thread at a time: the firing thread sets it, then hands the child to its context or
-    /// to its own trampoline, whose thread takes it.
-    /// Held as `Unmanaged` (one retain, taken in `sourceDidSettle`) so that a dying
-    /// promise can pass it on to `releaseOwnedLinksIteratively` without a strong local
-    /// copy that would hide whether the parent is uniquely referenced.
-    @usableFromInline @exclusivity(unchecked) final var settledParentRetain: Unmanaged<AnyPromise>?
 
     /// The handler that will settle this promise from its parent's outcome; consumed
     /// (released) when it runs, or released with the promise if it never does.
@@ -131,12 +119,6 @@ public class AnyPromise: @unchecked Sendable {
         }
     }
 
-    /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
-    /// claimed its outcome from a handler, found no cancel to take from its ancestors;
-    /// `AncestorCheck.unverified` if it never checked, `.noAncestors` for a root. Written by
-    /// the claim winner before it publishes; read by descendants after they saw it settled.
-    @usableFromInline @exclusivity(unchecked) final var verifiedEpoch: UInt
-
     #if DEBUG
     /// Where the promise was made (`PromiseDiagnostics`): debug builds only, so a release
     /// build's promise has no such field. Written once, before the promise is shared.
@@ -151,39 +133,28 @@ public class AnyPromise: @unchecked Sendable {
     /// A root: what `Promise`'s public initialisers call. They are inlinable, so that a
     /// release build passes them nothing for the creation site it does not record
     /// (`noteCreationSite`); this one is not (an inlinable designated initialiser here
-    /// crashes Swift 6.3's optimiser), but without `init(parent:)`'s branch it costs the
-    /// client's call what the library's own initialiser did.
+    /// crashes Swift 6.3's optimiser), but with nothing to decide it costs the client's
+    /// call what the library's own initialiser did.
     @usableFromInline
     init() {
         assert(CoreLayout.headerChecked)  // debug builds: the object layout CoreLayout assumes
         isRoot = true
-        verifiedEpoch = AncestorCheck.noAncestors
     }
 
-    /// `parent` is borrowed from the caller, which holds it (`Unmanaged`, so that reading
-    /// it costs no retain and release).
+    /// A derived promise (`DerivedPromise`, which has set up its lineage).
     @usableFromInline
-    init(parent: Unmanaged<AnyPromise>?) {
+    init(derived: Void) {
         assert(CoreLayout.headerChecked)  // debug builds: the object layout CoreLayout assumes
-        isRoot = parent == nil
-        verifiedEpoch = parent == nil ? AncestorCheck.noAncestors : AncestorCheck.unverified
-        if let parent {
-            // The link up holds the parent's memory, not the parent (see `parentIfAlive`).
-            // A plain store, through the pointer (no exclusivity check on `core`): nothing
-            // else can see this promise yet; the release push that registers it on the
-            // parent publishes the word with the rest of it.
-            let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
-            parentWord.pointee = HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0)
-        }
+        isRoot = false
     }
 
     deinit {
         // Dying in flight (its holder dropped it unsettled): its path needs no holding now.
-        if holdsWord & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
+        if !isRoot && holdsWord & UInt(PC_HOLDS_SELF) != 0 { dropSelfHold() }
         releaseChildLinks()
         // A settled promise has no observers left; without a parent to let go of either,
         // it owns nothing (the common end of a root), and skips the loop's set-up.
-        if settledParentRetain != nil || isPending { releaseOwnedLinksIteratively() }
+        if isPending || (!isRoot && settledParentRetain != nil) { releaseOwnedLinksIteratively() }
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
         // A plain load: nothing else can reach a dying promise's word.
@@ -250,20 +221,27 @@ public class AnyPromise: @unchecked Sendable {
 
     /// A promise of the same type as this one, already rejected with
     /// `PromiseError.brokenPromise`: what the observers of a promise that dies pending
-    /// fire on (`breakObservers`). Overridden by `Promise<Value>`, the only subclass.
+    /// fire on (`breakObservers`). Overridden by `Promise<Value>` (final there).
     func makeBrokenStandIn() -> AnyPromise {
+        preconditionFailure("AnyPromise is abstract")
+    }
+
+    /// The type as users know it, `Promise<Value>`, whichever layout it has (a derived
+    /// promise is a `DerivedPromise`, see DerivedPromise.swift). Overridden by
+    /// `Promise<Value>` (final there).
+    var typeName: String {
         preconditionFailure("AnyPromise is abstract")
     }
 
     /// The value of this fulfilled promise, as `debugPrint` shows it (for descriptions;
     /// only called after an acquire load has seen PC_FULFILLED). Overridden by
-    /// `Promise<Value>`, the only subclass.
+    /// `Promise<Value>` (final there).
     func describeFulfilledValue() -> String {
         preconditionFailure("AnyPromise is abstract")
     }
 
     /// Copies the published outcome of `source` (same `Value`) into this promise's slots.
-    /// Overridden by `Promise<Value>`, the only subclass.
+    /// Overridden by `Promise<Value>` (final there).
     @usableFromInline
     func copyOutcome(from source: AnyPromise, tag: UInt) {
         preconditionFailure("AnyPromise is abstract")

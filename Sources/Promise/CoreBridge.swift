@@ -106,12 +106,12 @@ extension AnyPromise {
         // Roots and a root's children never hold anything.
         guard holdsItsParentInFlight else { return pc_publish(corePointer) }
         // A promise in flight lets its path go once its inline children no longer need it.
-        if pc_holds_self_hint(corePointer) { return publishLeavingFlight() }
+        if holdsSelfHint { return publishLeavingFlight() }
         pc_publish(corePointer)
         // In flight after all: it went in flight while we published (see
         // `holdPathWhileInFlight`; one of the two drops the hold), or the hint read was
         // stale. Not having watched, keep the path until the cascade ends, to be safe.
-        if pc_holds(corePointer) & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
+        if holdsWord & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
     }
 
     /// For whoever holds a derived promise and is about to settle it (`fulfill`, `reject`):
@@ -221,13 +221,6 @@ extension AnyPromise {
     @usableFromInline
     final func deferOnThisThread() {
         pc_defer(nodePointer)
-    }
-
-    /// The word holding the parent's address, whose memory this promise holds (see
-    /// `parentIfAlive`); written once, before the promise is shared.
-    final var parentWord: UnsafeMutablePointer<UInt> {
-        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.parent)!)
-            .assumingMemoryBound(to: UInt.self)
     }
 
     /// The word holding the rare state's address (see `RareState`), 0 until it is made.
@@ -505,13 +498,19 @@ extension AnyPromise {
         pc_children_forget(corePointer, count)
     }
 
-    /// The holds word (see `holdPathWhileInFlight`).
-    final var holdsWord: UInt { pc_holds(corePointer) }
-    final func holdsAddIfHolding(_ delta: UInt) -> Bool { pc_holds_add_if_holding(corePointer, delta) }
-    final func holdsAdd(_ delta: UInt) -> UInt { pc_holds_add(corePointer, delta) }
-    final func holdsRemoveOne() -> UInt { pc_holds_remove_one(corePointer) }
-    final func holdsClearSelf() -> UInt { pc_holds_clear_self(corePointer) }
-    final func holdsMarkGone() { pc_holds_mark_gone(corePointer) }
+    /// The holds word (see `holdPathWhileInFlight`); only for a derived promise.
+    @usableFromInline
+    final var holdsWord: UInt { pc_holds(lineageCore) }
+    final func holdsAddIfHolding(_ delta: UInt) -> Bool { pc_holds_add_if_holding(lineageCore, delta) }
+    final func holdsAdd(_ delta: UInt) -> UInt { pc_holds_add(lineageCore, delta) }
+    final func holdsRemoveOne() -> UInt { pc_holds_remove_one(lineageCore) }
+    final func holdsClearSelf() -> UInt { pc_holds_clear_self(lineageCore) }
+    final func holdsMarkGone() { pc_holds_mark_gone(lineageCore) }
+
+    /// Whether the holds word has `PC_HOLDS_SELF`, as a hint (`pc_holds_self_hint`); only
+    /// for a derived promise.
+    @inlinable
+    final var holdsSelfHint: Bool { pc_holds_self_hint(lineageCore) }
 
     /// Takes the observers still registered on a promise that dies pending (deinit only).
     final func detachObservers() -> UnsafeMutablePointer<pc_node>? {

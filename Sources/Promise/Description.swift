@@ -18,7 +18,7 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     /// `print` shows it (the sentence of a `PromiseError`). A cancelled promise shows its
     /// reason. The text is a snapshot: another thread may settle the promise right after.
     public final var description: String {
-        "\(type(of: self))(\(outcomeDescription))"
+        "\(typeName)(\(outcomeDescription))"
     }
 
     /// `description`, plus the promise's address, where it was made (debug builds of the

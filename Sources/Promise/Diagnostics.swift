@@ -165,7 +165,7 @@ public enum PromiseDiagnostics {
     /// Reports `kind` for `promise`, if a handler is set.
     static func report(_ kind: PromiseDiagnostic.Kind, for promise: AnyPromise) {
         guard isEnabled, let handler = currentHandler() else { return }
-        handler.body(PromiseDiagnostic(kind: kind, promiseType: "\(type(of: promise))",
+        handler.body(PromiseDiagnostic(kind: kind, promiseType: promise.typeName,
                                        creationSite: promise.creationSiteIfRecorded))
     }
 

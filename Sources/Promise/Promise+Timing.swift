@@ -164,7 +164,7 @@ extension Promise {
     private func delay(
         startingTimer startTimer: @escaping @Sendable (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
     ) -> Promise<Value> {
-        Promise(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
+        DerivedPromise<Value>(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
             let timer = startTimer { child.fulfill(value) }
             child.whenComplete(on: .immediate) { _ in timer.cancel() }
         })
@@ -226,7 +226,7 @@ extension Promise {
     }
 
     private func timeout(startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
-        let child = Promise(linkedTo: self)
+        let child = DerivedPromise<Value>(linkedTo: self)
         let follower = TimeoutFollower(child: child)
         let list = rareState
         guard list.add(follower, on: self) == .listed else {

@@ -19,7 +19,13 @@ import CPromiseCore
 ///
 /// Threading: a promise is a lock-free C state machine (see `pc_promise.h`) plus a
 /// value slot written once by the winning resolver before it publishes the outcome.
-public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
+///
+/// Not `open`: no code outside this module can subclass it. Inside, the promises that
+/// `then` and the other continuations make are of an internal subclass that adds what
+/// only a promise with a parent needs, so that a root is smaller; every member stays
+/// `final` (statically dispatched). `type(of:)` on such a promise names that subclass;
+/// `is Promise<Value>` and `description` say `Promise<Value>` for both.
+public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     // The value lives in the core's `payload` words (see `ValueStorage.swift`), not in a
     // `Value?` property: code that runs without knowing `Value` statically (the fire
     // path, the destructor) then needs no generic metadata lookup to reach it.
@@ -105,24 +111,10 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         destroyStoredValue()
     }
 
-    /// A child created by a continuation: registered on `parent` at once.
+    /// A derived promise: `DerivedPromise`'s initialisers, after setting up its lineage.
     @usableFromInline
-    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
-        super.init(parent: Unmanaged.passUnretained(parent))
-        // `.immediate` is there already: skip the existential's generic assignment (and a
-        // helper taking the existential as an argument would copy it: measured).
-        if !context.isImmediate { self.context = context }
-        // Initialised in place over the fresh nil: an assignment would first destroy the
-        // old value through the handler's (opaque) release, and retain and release `self`
-        // around that call.
-        Self.initialize(&self.continuation, with: continuation)
-        observe(parent, as: .continuation)
-    }
-
-    /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:
-    /// the caller settles it (`timeout`, through the parent's waiter list).
-    init(linkedTo parent: __shared AnyPromise) {
-        super.init(parent: Unmanaged.passUnretained(parent))
+    override init(derived: Void) {
+        super.init(derived: ())
     }
 
     /// Settles this promise, if still free, as `source` (of the same `Value`, or the
@@ -136,16 +128,12 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         publishClaimedOutcome()
     }
 
-    private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
-        slot.initialize(to: .some(continuation))
-    }
-
     // MARK: Resolver side
 
     /// Fulfils the promise with `value`. Returns false, and changes nothing, if it had
     /// already been settled (or is following another promise).
     @inlinable @discardableResult
-    public func fulfill(_ value: Value) -> Bool {
+    public final func fulfill(_ value: Value) -> Bool {
         // Roots and a root's children keep nothing (see `publishKeepingParent`).
         guard holdsItsParentInFlight else {
             guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
@@ -173,13 +161,13 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// Rejects the promise with `error`. Returns false if it had already been settled.
     @inlinable @discardableResult
-    public func reject(_ error: any Error) -> Bool {
+    public final func reject(_ error: any Error) -> Bool {
         settleFailure(error, as: PC_REJECTED)
     }
 
     /// Fulfils or rejects the promise with `result`. Returns false if already settled.
     @inlinable @discardableResult
-    public func resolve(_ result: Result<Value, any Error>) -> Bool {
+    public final func resolve(_ result: Result<Value, any Error>) -> Bool {
         switch result {
         case .success(let value): return fulfill(value)
         case .failure(let error): return reject(error)
@@ -201,7 +189,7 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// a.resolve(with: b)
     /// b.resolve(with: a)      // b and a reject with PromiseError.cycle
     /// ```
-    public func resolve(with other: Promise<Value>) {
+    public final func resolve(with other: Promise<Value>) {
         guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else { return }
         recordFollowee(other, forwardsCancel: false)
         // A box, not our own node: a continuation child's node may still be registered
@@ -210,15 +198,19 @@ public final class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         if closesACycle(following: other) { rejectAsCycle(parent: nil) }
     }
 
-    override func makeBrokenStandIn() -> AnyPromise {
+    final override func makeBrokenStandIn() -> AnyPromise {
         Promise(error: PromiseError.brokenPromise)
     }
 
-    override func describeFulfilledValue() -> String {
+    final override var typeName: String {
+        "Promise<\(Value.self)>"
+    }
+
+    final override func describeFulfilledValue() -> String {
         String(reflecting: storedValue)
     }
 
-    override func copyOutcome(from source: AnyPromise, tag: UInt) {
+    final override func copyOutcome(from source: AnyPromise, tag: UInt) {
         let source = unsafeDowncast(source, to: Promise<Value>.self)
         if tag == UInt(PC_FULFILLED) {
             storeValue(source.storedValue)

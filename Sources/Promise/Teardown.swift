@@ -38,7 +38,7 @@ extension AnyPromise {
         func stealLinks(of promise: AnyPromise) {
             // Only `self` can be pending here: the loop below steals settled parents.
             if let observers = promise.detachObservers() { promise.breakObservers(observers) }
-            if let parent = promise.settledParentRetain {
+            if !promise.isRoot, let parent = promise.settledParentRetain {
                 promise.settledParentRetain = nil
                 release(parent)  // its link up holds the memory: `parent` answers nil once it died
             }

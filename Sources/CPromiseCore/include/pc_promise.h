@@ -84,7 +84,8 @@
  * anything but `next` and `fire`.
  *
  * The words that hang off the same struct but serve cancellation (the registry, the tree
- * flags, the holds) are in pc_registry.h; helpers only the overlay uses, in pc_overlay.h.
+ * flags) are in pc_registry.h, with the holds of a derived promise's pc_lineage; helpers
+ * only the overlay uses, in pc_overlay.h.
  *
  * The protocol is small enough to model-check: the spin model Verification/core.pml names
  * these functions step by step (`make verify`; Verification/README.md says what it proves).
@@ -142,14 +143,9 @@ struct pc_promise {
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
     uintptr_t tree_flags;   /* atomic: PC_TREE_* bits, and from bit 4 up the number of
                            links pushed here (approximate, for pruning) */
-    uintptr_t holds;    /* atomic: PC_HOLDS_* bits and count, why the overlay keeps this
-                           promise's parent alive (see pc_holds_add) */
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
-    uintptr_t parent;     /* never touched here: the overlay's link to the promise this one
-                             was derived from, whose memory (not the promise) it holds;
-                             written once, before the promise is shared */
     uintptr_t followee;   /* atomic, never touched here: the overlay's link to the promise
                              this one follows, whose memory it holds; bit 1 says whether a
                              cancel is forwarded to it */
@@ -164,6 +160,18 @@ struct pc_promise {
                                never has that observer) uses it instead as its link in its
                                parent's registry (`children`), once PC_TREE_LINKED */
 };
+
+/*
+ * The C state only a derived promise has (a root has no parent), kept by the overlay after
+ * its other fields, in the derived promise's class: a root does not pay for it.
+ */
+typedef struct pc_lineage {
+    uintptr_t holds;  /* atomic: PC_HOLDS_* bits and count, why the overlay keeps this
+                         promise's parent alive (see pc_holds_add) */
+    uintptr_t parent; /* never touched here: the overlay's link to the promise this one
+                         was derived from, whose memory (not the promise) it holds;
+                         written once, before the promise is shared */
+} pc_lineage;
 
 /*
  * Registers `node` on `promise`. Pending (or still firing): pushes it and returns; the

@@ -2,8 +2,8 @@
  * pc_registry.h: what a promise's tree needs after it settled, so that a cancel still
  * reaches what is in flight below it: the cancellation registry (`children`), the tree
  * flags (`tree_flags`: linked, a cancel being forwarded, the first-observer slot taken),
- * the holds that keep the path of an in-flight descendant alive (`holds`), and the
- * process-wide forwarding epoch.
+ * the holds that keep the path of an in-flight descendant alive (`holds`, in the
+ * pc_lineage only a derived promise has), and the process-wide forwarding epoch.
  *
  *   function              caller                    progress
  *   pc_children_push      any thread, any time      lock-free (CAS loop)
@@ -85,26 +85,26 @@ static inline uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise) {
 #define PC_HOLDS_ONE 4u
 
 /* Adds `delta` only if the word already holds something; true if it did (no transition). */
-bool pc_holds_add_if_holding(pc_promise *_Nonnull promise, uintptr_t delta);
+bool pc_holds_add_if_holding(pc_lineage *_Nonnull lineage, uintptr_t delta);
 
 /* Adds `delta` (PC_HOLDS_SELF or PC_HOLDS_ONE) and returns the word before. */
-uintptr_t pc_holds_add(pc_promise *_Nonnull promise, uintptr_t delta);
+uintptr_t pc_holds_add(pc_lineage *_Nonnull lineage, uintptr_t delta);
 
 /* Removes one PC_HOLDS_ONE and returns the word before. Aborts on underflow. */
-uintptr_t pc_holds_remove_one(pc_promise *_Nonnull promise);
+uintptr_t pc_holds_remove_one(pc_lineage *_Nonnull lineage);
 
 /* Clears PC_HOLDS_SELF if it is set and returns the word before (SELF set in it: this
  * call cleared it). */
-uintptr_t pc_holds_clear_self(pc_promise *_Nonnull promise);
+uintptr_t pc_holds_clear_self(pc_lineage *_Nonnull lineage);
 
 /* Sets PC_HOLDS_GONE (the parent was found dead: it stays dead). */
-void pc_holds_mark_gone(pc_promise *_Nonnull promise);
+void pc_holds_mark_gone(pc_lineage *_Nonnull lineage);
 
 /* The holds word. acquire: pairs with the full read-modify-writes of pc_holds_add and
  * pc_holds_clear_self, so the caller's decision to clear SELF follows what the word
  * showed. Inline, as pc_state. */
-static inline uintptr_t pc_holds(const pc_promise *_Nonnull promise) {
-    return __atomic_load_n(&promise->holds, __ATOMIC_ACQUIRE);
+static inline uintptr_t pc_holds(const pc_lineage *_Nonnull lineage) {
+    return __atomic_load_n(&lineage->holds, __ATOMIC_ACQUIRE);
 }
 
 /*
@@ -113,8 +113,8 @@ static inline uintptr_t pc_holds(const pc_promise *_Nonnull promise) {
  * reads pc_holds after pc_publish in any case (the Dekker pairing with pc_holds_add), and
  * treats a SELF it did not expect as one to keep (the overlay's publishClaimedOutcome).
  */
-static inline bool pc_holds_self_hint(const pc_promise *_Nonnull promise) {
-    return (__atomic_load_n(&promise->holds, __ATOMIC_RELAXED) & PC_HOLDS_SELF) != 0;
+static inline bool pc_holds_self_hint(const pc_lineage *_Nonnull lineage) {
+    return (__atomic_load_n(&lineage->holds, __ATOMIC_RELAXED) & PC_HOLDS_SELF) != 0;
 }
 
 /*

@@ -1,0 +1,134 @@
+import CPromiseCore
+
+// A layout per kind. A root (`Promise()`, a combinator's output) has no parent, so it has
+// no link up, no holds on a path, no parent held while a handler reads it and no ancestor
+// check to record: those live in `Lineage`, which only a derived promise (`then` and the
+// other continuations, `timeout`'s child) has, in the class `DerivedPromise` adds below
+// `Promise`. Code that does not know the value type reaches it through `AnyPromise`'s
+// accessors here, after checking `isRoot`.
+//
+// How: `DerivedPromise<Value>`'s only stored property is `lineage`, and `Promise<Value>`
+// has none of its own, so `lineage` sits at the same offset in every `DerivedPromise`,
+// whatever its `Value`. The accessors read it through `DerivedPromise<Never>`, which the
+// compiler addresses with a constant offset (debug builds check that it is the real one,
+// `DerivedPromise.init`).
+
+/// What a derived promise has that a root has not. Plain data (no reference counting):
+/// `AnyPromise`'s deinit reads it after `DerivedPromise`'s part of the object was
+/// destroyed, which leaves plain data as it was.
+@usableFromInline
+struct Lineage {
+    /// The holds word and the link up (see `pc_lineage`). First: `lineageCore` finds it at
+    /// the start.
+    @usableFromInline var core: pc_lineage
+
+    /// The parent, held from the moment it fires this child until the child's handler has
+    /// run or was dropped: the handler reads the parent's outcome, which lives only as
+    /// long as the parent. Never set while the parent is pending (no retain cycle), and
+    /// dropped as soon as the handler is done (`runContinuationTakingParent`,
+    /// `runDeferred`), so a settled child keeps nothing above it. Written and taken by one
+    /// thread at a time: the firing thread sets it, then hands the child to its context or
+    /// to its own trampoline, whose thread takes it.
+    /// Held as `Unmanaged` (one retain, taken in `sourceDidSettle`) so that a dying
+    /// promise can pass it on to `releaseOwnedLinksIteratively` without a strong local
+    /// copy that would hide whether the parent is uniquely referenced.
+    @usableFromInline var settledParentRetain: Unmanaged<AnyPromise>?
+
+    /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
+    /// claimed its outcome from a handler, found no cancel to take from its ancestors;
+    /// `AncestorCheck.unverified` if it never checked. Written by the claim winner before
+    /// it publishes; read by descendants after they saw it settled.
+    @usableFromInline var verifiedEpoch: UInt
+
+    /// The lineage of a child of `parent`, whose memory the link up holds from now on
+    /// (see `parentIfAlive`).
+    init(parent: Unmanaged<AnyPromise>) {
+        let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
+        core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0))
+        settledParentRetain = nil
+        verifiedEpoch = AncestorCheck.unverified
+    }
+}
+
+/// A promise with a parent: made by a continuation (`then`, `recover`...) or as
+/// `timeout`'s child. Users see it as the `Promise<Value>` it is; only the layout differs.
+@usableFromInline
+final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
+    @usableFromInline @exclusivity(unchecked) final var lineage: Lineage
+
+    /// A child created by a continuation: registered on `parent` at once.
+    @usableFromInline
+    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
+        lineage = Lineage(parent: Unmanaged.passUnretained(parent))
+        super.init(derived: ())
+        checkLineageOffset()
+        // `.immediate` is there already: skip the existential's generic assignment (and a
+        // helper taking the existential as an argument would copy it: measured).
+        if !context.isImmediate { self.context = context }
+        // Initialised in place over the fresh nil: an assignment would first destroy the
+        // old value through the handler's (opaque) release, and retain and release `self`
+        // around that call.
+        Self.initialize(&self.continuation, with: continuation)
+        observe(parent, as: .continuation)
+    }
+
+    /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:
+    /// the caller settles it (`timeout`, through the parent's waiter list).
+    init(linkedTo parent: __shared AnyPromise) {
+        lineage = Lineage(parent: Unmanaged.passUnretained(parent))
+        super.init(derived: ())
+        checkLineageOffset()
+    }
+
+    private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
+        slot.initialize(to: .some(continuation))
+    }
+
+    /// Debug builds: the accessors' `DerivedPromise<Never>` finds `lineage` where it is.
+    private func checkLineageOffset() {
+        let actual: UnsafeMutableRawPointer = withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) }
+        let assumed: UnsafeMutableRawPointer = withLineage { UnsafeMutableRawPointer($0) }
+        assert(actual == assumed, "DerivedPromise<\(Value.self)> keeps its lineage at another offset")
+    }
+}
+
+extension AnyPromise {
+    /// This promise's lineage; only for a derived promise (`!isRoot`). `body` must not
+    /// keep the pointer.
+    @inlinable @inline(__always)
+    final func withLineage<Result>(_ body: (UnsafeMutablePointer<Lineage>) -> Result) -> Result {
+        assert(!isRoot, "a root has no lineage")
+        // Every DerivedPromise keeps its lineage at one offset (see the top of this file).
+        return Unmanaged<DerivedPromise<Never>>.fromOpaque(Unmanaged.passUnretained(self).toOpaque())
+            ._withUnsafeGuaranteedRef { withUnsafeMutablePointer(to: &$0.lineage, body) }
+    }
+
+    /// See `Lineage.settledParentRetain`; only for a derived promise (a root has no parent
+    /// to hold: ask `isRoot` first where it may be one).
+    @inlinable
+    final var settledParentRetain: Unmanaged<AnyPromise>? {
+        get { withLineage { $0.pointee.settledParentRetain } }
+        set { withLineage { $0.pointee.settledParentRetain = newValue } }
+    }
+
+    /// See `Lineage.verifiedEpoch`; `AncestorCheck.noAncestors` for a root.
+    @inlinable
+    final var verifiedEpoch: UInt {
+        get { isRoot ? AncestorCheck.noAncestors : withLineage { $0.pointee.verifiedEpoch } }
+        set { withLineage { $0.pointee.verifiedEpoch = newValue } }
+    }
+
+    /// The parent word: the parent's address (its memory held, see `parentIfAlive`) and
+    /// `ParentLink.parentIsRoot`; 0 for a root. Written once, before the promise is shared.
+    @inlinable
+    final var parentWord: UInt {
+        isRoot ? 0 : withLineage { $0.pointee.core.parent }
+    }
+
+    /// The C part of this derived promise's lineage, for the core's `pc_holds_*`.
+    @inlinable
+    final var lineageCore: UnsafeMutablePointer<pc_lineage> {
+        // The object outlives the call it is used in, and `lineage` never moves.
+        withLineage { UnsafeMutableRawPointer($0).assumingMemoryBound(to: pc_lineage.self) }
+    }
+}
