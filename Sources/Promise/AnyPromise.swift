@@ -90,35 +90,9 @@ public class AnyPromise: @unchecked Sendable {
     /// needs destroying: the deinit, which runs unspecialised, then skips the generic
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
-    /// No parent: `continuation` and `context` are free for the first `whenComplete`
-    /// (see `claimFirstObserverSlot`).
+    /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
+    /// `whenComplete` (see `claimFirstObserverSlot`).
     @usableFromInline final let isRoot: Bool
-    /// Where `continuation` runs. `.immediate` (also the value of roots, which never run
-    /// a continuation) is never called: such handlers run inline through the core's
-    /// trampoline. Not an optional with nil for `.immediate`: copying or destroying an
-    /// `Optional<any ExecutionContext>` goes through `Optional`'s generic value witnesses
-    /// (a metadata lookup and indirect calls, 70 to 140 instructions each time), a plain
-    /// existential straight through its contents' own (a retain or release for a queue,
-    /// nothing for `.immediate`).
-    @usableFromInline @exclusivity(unchecked) final var context: any ExecutionContext = .immediate
-
-    /// Hands `work` to `context` and leaves `.immediate` in its place. A handler is sent
-    /// to its context once, and nothing reads the context after that; a call on the
-    /// property itself would first copy the existential out (for a queue, a retain and
-    /// a release), where moving it out copies nothing.
-    final func sendToContext(_ work: @escaping @Sendable () -> Void) {
-        takeContext().execute(work)
-    }
-
-    /// Moves the context out, leaving `.immediate` in its place.
-    final func takeContext() -> any ExecutionContext {
-        withUnsafeMutablePointer(to: &context) { slot in
-            let taken = slot.move()
-            slot.initialize(to: .immediate)
-            return taken
-        }
-    }
-
     #if DEBUG
     /// Where the promise was made (`PromiseDiagnostics`): debug builds only, so a release
     /// build's promise has no such field. Written once, before the promise is shared.

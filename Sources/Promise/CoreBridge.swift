@@ -351,8 +351,8 @@ extension AnyPromise {
     }
 
     /// Elects the caller to keep its observer in this promise's first-observer slot: only
-    /// a root's (a root never uses `continuation` and `context`, which hold it), and only
-    /// one caller, ever (a tree_flags bit: the losers see it set with one load, no CAS). The
+    /// a root's (a root never uses `continuation`, which holds it), and only one caller,
+    /// ever (a tree_flags bit: the losers see it set with one load, no CAS). The
     /// caller must then call `fillFirstObserverSlot`.
     @inlinable
     final func claimFirstObserverSlot() -> Bool {
@@ -360,21 +360,22 @@ extension AnyPromise {
     }
 
     /// Stores the observer of the caller that claimed the slot and registers the slot's
-    /// node on this promise; the caller stored the observer's context first, unless it
-    /// is `.immediate` (a root's already: see `whenComplete`). The node carries no retain:
+    /// node on this promise. The slot has no room for a context: it takes observers on
+    /// `.immediate` or `.default` only (`whenComplete` boxes the others), and the fire
+    /// callback says which. The node carries no retain:
     /// a promise does not keep itself alive (it would never be freed while pending).
     /// Firing takes one for as long as the observer waits for its context or the
     /// trampoline; a promise that dies pending moves the unrun observer to a box on a
     /// broken stand-in (`breakObservers`), which runs it with `PromiseError.brokenPromise`.
     ///
-    /// `immediate` picks the fire callback, so that firing never looks into the context.
+    /// `immediate` true for `.immediate`, false for `.default`.
     @usableFromInline
     final func fillFirstObserverSlot(_ observer: consuming StoredHandler, immediate: Bool) {
         continuation = consume observer
         if immediate {
             spareNodePointer.pointee.fire = firstObserverFireImmediate
         } else {
-            spareNodePointer.pointee.fire = firstObserverFire
+            spareNodePointer.pointee.fire = firstObserverFireDefault
         }
         pc_observe(corePointer, spareNodePointer)  // the release push publishes all three
     }
@@ -391,13 +392,13 @@ extension AnyPromise {
     }
 }
 
-/// The fire callback of a root's first-observer slot on a context other than `.immediate`
-/// (see `fillFirstObserverSlot`).
-func firstObserverFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+/// The fire callback of a root's first-observer slot on `.default` (see
+/// `fillFirstObserverSlot`).
+func firstObserverFireDefault(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     // Borrowed: whoever publishes the promise holds it until this returns; the work sent
     // to the context holds it from then on.
     AnyPromise.owner(ofSpareNode: node)._withUnsafeGuaranteedRef { promise in
-        promise.sendToContext { promise.runFirstObserver() }
+        DefaultExecutionContext().execute { promise.runFirstObserver() }
     }
 }
 

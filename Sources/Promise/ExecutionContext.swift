@@ -122,4 +122,8 @@ extension ExecutionContext {
     /// True for `.immediate`: a metadata pointer comparison, no dynamic cast.
     @inlinable @inline(__always)
     var isImmediate: Bool { Self.self == ImmediateExecutionContext.self }
+
+    /// True for `.default`, the same way.
+    @inlinable @inline(__always)
+    var isDefault: Bool { Self.self == DefaultExecutionContext.self }
 }

@@ -43,7 +43,7 @@ extension AnyPromise {
         case .continuation:
             // Held until the handler is done (see `settledParentRetain`).
             settledParentRetain = Unmanaged.passRetained(source)
-            if context.isImmediate {
+            if runsHandlerInline {
                 // Its handler runs later in this cascade, and may look up through the
                 // source's parent (see `keepParentUntilCascadeEnds`).
                 source.noteInlineChildFired()
@@ -109,7 +109,7 @@ extension AnyPromise {
             // settled parent whose cancel is being forwarded gives it nothing to run.
             cancel(reason: reason)
             if errorSideDispatched { return }  // already on its context: do not touch it here
-            guard context.isImmediate, parent.isCancelled, continuation?.hasErrorSide == true else {
+            guard runsHandlerInline, parent.isCancelled, continuation?.hasErrorSide == true else {
                 continuation = nil  // releases the handler unrun
                 return
             }

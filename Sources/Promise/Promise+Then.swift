@@ -206,10 +206,9 @@ extension Promise {
             endInlineObservation()
             return
         }
-        // The first observer of a root lives in the promise itself (no allocation); the
-        // others, and observers of children, in a box each.
-        if claimFirstObserverSlot() {
-            if !immediate { self.context = context }  // `.immediate` is there already
+        // The first observer of a root on `.immediate` or `.default` lives in the promise
+        // itself (no allocation); the others, and observers of children, in a box each.
+        if immediate || context.isDefault, claimFirstObserverSlot() {
             fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
             if immediate {

@@ -104,10 +104,10 @@ extension AnyPromise {
         node = ordered
         while let current = node {
             node = current.pointee.next
-            if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFire) {
+            if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFireDefault) {
                 // Our own slot, whose memory goes with us: its observer moves to a box.
                 guard let observer = continuation.take() else { continue }
-                let context: (any ExecutionContext)? = nodeFires(current, through: firstObserverFire) ? takeContext() : nil
+                let context: (any ExecutionContext)? = nodeFires(current, through: firstObserverFireDefault) ? .default : nil
                 MovedSlotObserver(observer, context: context).register(on: standIn)
                 continue
             }

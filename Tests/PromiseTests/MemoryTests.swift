@@ -461,6 +461,22 @@ final class MemoryTests: XCTestCase {
         XCTAssertEqual(seen.values, [true])
     }
 
+    func testAPendingRootDroppedWithADefaultContextFirstObserverBreaksItOffThisThread() {
+        // `.default` is the one context the root's inline slot keeps (by its fire callback):
+        // the moved observer must still run there, once.
+        let caller = pthread_self()
+        let seen = Recorder<Bool>()
+        let ran = expectation(description: "the first observer ran")
+        do {
+            Promise<Int>().whenComplete { result in
+                if case .failure(PromiseError.brokenPromise) = result { seen.append(pthread_equal(pthread_self(), caller) == 0) }
+                ran.fulfill()
+            }
+        }
+        wait(for: [ran], timeout: 10)
+        XCTAssertEqual(seen.values, [true], "the observer of a dropped root gets brokenPromise on the default context")
+    }
+
     /// Holds the only reference to a promise until a test takes it out.
     private final class RootHolder: @unchecked Sendable {
         private let lock = NSLock()
