@@ -80,8 +80,8 @@ public class AnyPromise: @unchecked Sendable {
     /// (released) when it runs, or released with the promise if it never does.
     @exclusivity(unchecked) final var continuation: StoredHandler?
     // The one-byte fields sit here, in the padding after `continuation` (33 bytes), not
-    // at the end: declared last they would cost a word of their own, and the object
-    // would cross into glibc's next chunk size (240 -> 256 bytes).
+    // at the end: declared last they would cost a word of their own, and a root would
+    // cross into glibc's next chunk size (160 -> 176 bytes).
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
     /// Set (and read) by the thread firing this child when it sent the handler's error side
     /// to the context because the parent was cancelled.
@@ -90,6 +90,10 @@ public class AnyPromise: @unchecked Sendable {
     /// needs destroying: the deinit, which runs unspecialised, then skips the generic
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
+    /// A derived promise whose handler runs on `.immediate` (inline, through the
+    /// trampoline): set once, before the promise is shared, so that firing never opens
+    /// the context's existential to ask.
+    @usableFromInline @exclusivity(unchecked) final var runsHandlerInline = false
     /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
     /// `whenComplete` (see `claimFirstObserverSlot`).
     @usableFromInline final let isRoot: Bool

@@ -342,14 +342,6 @@ extension AnyPromise {
 // MARK: The first observer, inline in a root
 
 extension AnyPromise {
-    @inlinable
-    static var spareNodeOffsetInCore: Int { MemoryLayout<pc_promise>.offset(of: \pc_promise.spare_node)! }
-
-    @inlinable
-    final var spareNodePointer: UnsafeMutablePointer<pc_node> {
-        (UnsafeMutableRawPointer(corePointer) + AnyPromise.spareNodeOffsetInCore).assumingMemoryBound(to: pc_node.self)
-    }
-
     /// Elects the caller to keep its observer in this promise's first-observer slot: only
     /// a root's (a root never uses `continuation`, which holds it), and only one caller,
     /// ever (a tree_flags bit: the losers see it set with one load, no CAS). The
@@ -373,16 +365,11 @@ extension AnyPromise {
     final func fillFirstObserverSlot(_ observer: consuming StoredHandler, immediate: Bool) {
         continuation = consume observer
         if immediate {
-            spareNodePointer.pointee.fire = firstObserverFireImmediate
+            nodePointer.pointee.fire = firstObserverFireImmediate
         } else {
-            spareNodePointer.pointee.fire = firstObserverFireDefault
+            nodePointer.pointee.fire = firstObserverFireDefault
         }
-        pc_observe(corePointer, spareNodePointer)  // the release push publishes all three
-    }
-
-    /// The promise whose first-observer node is `node`, not retained.
-    static func owner(ofSpareNode node: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
-        owner(ofCore: (UnsafeMutableRawPointer(node) - spareNodeOffsetInCore).assumingMemoryBound(to: pc_promise.self))
+        pc_observe(corePointer, nodePointer)  // the release push publishes both
     }
 
     /// Runs the observer in the first-observer slot, once.
@@ -397,7 +384,7 @@ extension AnyPromise {
 func firstObserverFireDefault(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     // Borrowed: whoever publishes the promise holds it until this returns; the work sent
     // to the context holds it from then on.
-    AnyPromise.owner(ofSpareNode: node)._withUnsafeGuaranteedRef { promise in
+    AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { promise in
         DefaultExecutionContext().execute { promise.runFirstObserver() }
     }
 }
@@ -405,7 +392,7 @@ func firstObserverFireDefault(_ node: UnsafeMutablePointer<pc_node>, _ source: U
 /// The fire callback of a root's first-observer slot on `.immediate`: deferred to the
 /// trampoline, then run.
 func firstObserverFireImmediate(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
-    let owner = AnyPromise.owner(ofSpareNode: node)
+    let owner = AnyPromise.owner(ofNode: node)
     if source != nil {
         _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
         pc_defer(node)
@@ -483,7 +470,7 @@ extension AnyPromise {
         pc_tree_flags_set(corePointer, flag)
     }
 
-    /// Pushes `child`'s spare node onto this promise's registry; the number of links
+    /// Pushes `child`'s registry link onto this promise's registry; the number of links
     /// pushed so far (approximate, for pruning).
     final func registryPush(_ link: UnsafeMutablePointer<pc_node>) -> UInt {
         pc_children_push(corePointer, link)

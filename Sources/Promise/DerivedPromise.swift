@@ -44,7 +44,8 @@ struct Lineage {
     /// (see `parentIfAlive`).
     init(parent: Unmanaged<AnyPromise>) {
         let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
-        core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0))
+        core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0),
+                          link: pc_node())
         settledParentRetain = nil
         verifiedEpoch = AncestorCheck.unverified
     }
@@ -72,7 +73,11 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         checkLineageOffset()
         // `.immediate` is there already: skip the existential's generic assignment (and a
         // helper taking the existential as an argument would copy it: measured).
-        if !context.isImmediate { self.context = context }
+        if context.isImmediate {
+            runsHandlerInline = true
+        } else {
+            self.context = context
+        }
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`
         // around that call.
@@ -109,14 +114,6 @@ extension AnyPromise {
         // Every DerivedPromise keeps its lineage at one offset (see the top of this file).
         return Unmanaged<DerivedPromise<Never>>.fromOpaque(Unmanaged.passUnretained(self).toOpaque())
             ._withUnsafeGuaranteedRef { withUnsafeMutablePointer(to: &$0.lineage, body) }
-    }
-
-    /// Whether this derived promise's handler runs `.immediate` (inline, through the
-    /// trampoline). Reads the context in place.
-    @inlinable
-    final var runsHandlerInline: Bool {
-        Unmanaged<DerivedPromise<Never>>.fromOpaque(Unmanaged.passUnretained(self).toOpaque())
-            ._withUnsafeGuaranteedRef { withUnsafeMutablePointer(to: &$0.context) { $0.pointee.isImmediate } }
     }
 
     /// Hands `work` to this derived promise's context and leaves `.immediate` in its
@@ -164,4 +161,29 @@ extension AnyPromise {
         // The object outlives the call it is used in, and `lineage` never moves.
         withLineage { UnsafeMutableRawPointer($0).assumingMemoryBound(to: pc_lineage.self) }
     }
+}
+
+// MARK: The link in the parent's registry
+
+extension AnyPromise {
+    /// This derived promise's link in its parent's cancellation registry (`pc_lineage.link`).
+    final var registryLinkPointer: UnsafeMutablePointer<pc_node> {
+        (UnsafeMutableRawPointer(lineageCore) + MemoryLayout<pc_lineage>.offset(of: \pc_lineage.link)!)
+            .assumingMemoryBound(to: pc_node.self)
+    }
+
+    /// The derived promise whose registry link is `link`, not retained.
+    static func owner(ofRegistryLink link: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
+        Unmanaged.fromOpaque(UnsafeRawPointer(link) - DerivedLayout.registryLinkOffset)
+    }
+}
+
+/// Where a derived promise's registry link sits in its object: the same for every
+/// `DerivedPromise`, measured once on a probe (Swift gives a class's field offsets to
+/// code that names the field, not as a number).
+enum DerivedLayout {
+    static let registryLinkOffset: Int = {
+        let probe = DerivedPromise<Int>(linkedTo: Promise<Int>())
+        return UnsafeRawPointer(probe.registryLinkPointer) - UnsafeRawPointer(Unmanaged.passUnretained(probe).toOpaque())
+    }()
 }

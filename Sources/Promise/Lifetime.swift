@@ -58,8 +58,8 @@ extension AnyPromise {
 // followers, and, linked in turn, the settled ancestors between them and the promise. A
 // cancel of the settled promise reaches them through it.
 //
-// The link is the child's own `spare_node` node: only a root keeps an observer there,
-// and a root has no parent to link into, so linking allocates nothing. The registry must
+// The link is a node of the child's own (`pc_lineage.link`, which only a derived
+// promise has: a root has no parent to link into), so linking allocates nothing. The registry must
 // not keep children alive (it would keep settled subtrees alive), so it holds each linked
 // child's memory, not the child: an unowned reference count (`swift_unownedRetain`). A
 // walker tries each child with `swift_tryRetain`, which fails once the child began dying;
@@ -122,11 +122,12 @@ extension AnyPromise {
     /// Pushes `child` (a descendant this thread just marked LINKED) onto the registry,
     /// then applies a cancel that its walk may have missed.
     private final func addToRegistry(_ child: AnyPromise) {
-        // A root's spare_node node is its first observer's, and a root is never linked.
         assert(!child.isRoot, "a root has no parent registry to be linked into")
         let childPointer = Unmanaged.passUnretained(child).toOpaque()
         SwiftRuntime.unownedRetain(childPointer)  // the registry's hold on the child's memory
-        let count = registryPush(child.spareNodePointer)
+        assert(AnyPromise.owner(ofRegistryLink: child.registryLinkPointer).toOpaque() == childPointer,
+               "DerivedLayout.registryLinkOffset does not find the child")
+        let count = registryPush(child.registryLinkPointer)
         if count >= 32, count & (count - 1) == 0 {
             forEachLinkedChild(reapplyingCancel: true) { _ in }  // prune dead links, amortised O(1)
         }
@@ -153,7 +154,7 @@ extension AnyPromise {
             taken += 1
             // We own the registry's unowned count of the child until we push it back, so
             // its memory is there to try.
-            let childPointer = AnyPromise.owner(ofSpareNode: current).toOpaque()
+            let childPointer = AnyPromise.owner(ofRegistryLink: current).toOpaque()
             if let retained = SwiftRuntime.tryRetain(childPointer) {
                 let child = Unmanaged<AnyPromise>.fromOpaque(retained).takeRetainedValue()  // balances the try
                 body(child)
@@ -177,7 +178,7 @@ extension AnyPromise {
         var node = registryTake()
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child
-            SwiftRuntime.unownedRelease(AnyPromise.owner(ofSpareNode: current).toOpaque())
+            SwiftRuntime.unownedRelease(AnyPromise.owner(ofRegistryLink: current).toOpaque())
         }
     }
 }

@@ -139,7 +139,11 @@ struct pc_node {
 struct pc_promise {
     uintptr_t state;    /* atomic: observer stack head | PC_STATE_FIRING | outcome */
     uintptr_t claim;    /* atomic: PC_CLAIM_FREE, PC_CLAIM_FOLLOWING or an outcome */
-    pc_node node;       /* this promise's own node, for observing its parent or followee */
+    pc_node node;       /* this promise's own node: a derived promise's, for observing its
+                           parent or followee; a root's, for the overlay's first
+                           `whenComplete`, so that observer needs no allocation (NIO's
+                           CallbackList keeps its first callback inline too), its user
+                           elected with pc_tree_flags_set(PC_TREE_FIRST_OBSERVER) */
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
     uintptr_t tree_flags;   /* atomic: PC_TREE_* bits, and from bit 4 up the number of
                            links pushed here (approximate, for pruning) */
@@ -153,12 +157,6 @@ struct pc_promise {
                              state few promises need (a forwarded cancel's reason, the list
                              of waiters that may give up), made on first use and published
                              once with pc_word_publish */
-    pc_node spare_node; /* a node for the overlay's first `whenComplete` on a root, so
-                               that observer needs no allocation (NIO's CallbackList keeps
-                               its first callback inline too); its user is elected with
-                               pc_tree_flags_set(PC_TREE_FIRST_OBSERVER). A non-root (which
-                               never has that observer) uses it instead as its link in its
-                               parent's registry (`children`), once PC_TREE_LINKED */
 };
 
 /*
@@ -171,6 +169,8 @@ typedef struct pc_lineage {
     uintptr_t parent; /* never touched here: the overlay's link to the promise this one
                          was derived from, whose memory (not the promise) it holds;
                          written once, before the promise is shared */
+    pc_node link;     /* this promise's link in its parent's registry (`children`), once
+                         PC_TREE_LINKED */
 } pc_lineage;
 
 /*

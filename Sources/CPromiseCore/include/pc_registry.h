@@ -46,7 +46,7 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 /* Bits of the `tree_flags` word. */
 #define PC_TREE_LINKED 1u           /* linked into the parent's registry */
 #define PC_TREE_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
-#define PC_TREE_FIRST_OBSERVER 8u   /* spare_node is taken (never cleared) */
+#define PC_TREE_FIRST_OBSERVER 8u   /* a root's node is taken (never cleared) */
 #define PC_TREE_ERROR_SEEN 16u      /* an observer read this rejected promise's error (the
                                        overlay's diagnostics: an unhandled rejection is one
                                        freed without it) */
