@@ -135,8 +135,10 @@ public class AnyPromise: @unchecked Sendable {
         if isPending || (!isRoot && settledParentRetain != nil) { releaseOwnedLinksIteratively() }
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
-        // A plain load: nothing else can reach a dying promise's word.
-        if let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
+        // A plain load: nothing else can reach a dying promise's word. Before the rare
+        // state goes: a root's word is there (a root without one skips the look).
+        let followeeWord = isRoot ? (rareStateWord.pointee == 0 ? nil : existingRareState?.followeeWord) : lineageFolloweeWord
+        if let followeeWord, let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
             HeldMemory.release(followee)
         }
         releaseRareState()

@@ -238,9 +238,17 @@ extension AnyPromise {
     }
 
     /// The word holding the followed promise's address, whose memory this promise holds
-    /// (see `FolloweeLink`), with `FolloweeLink.forwardsCancel` in bit 1.
-    final var followeeWord: UnsafeMutablePointer<UInt> {
-        (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.followee)!)
+    /// (see `FolloweeLink`), with `FolloweeLink.forwardsCancel` in bit 1: in a derived
+    /// promise's lineage; in a root's rare state (a root follows only through
+    /// `resolve(with:)`, rarely), so nil for a root that never made it.
+    final var followeeWord: UnsafeMutablePointer<UInt>? {
+        isRoot ? existingRareState?.followeeWord : lineageFolloweeWord
+    }
+
+    /// A derived promise's followee word (see `followeeWord`).
+    @inline(__always)
+    final var lineageFolloweeWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(lineageCore) + MemoryLayout<pc_lineage>.offset(of: \pc_lineage.followee)!)
             .assumingMemoryBound(to: UInt.self)
     }
 }
@@ -505,12 +513,20 @@ extension AnyPromise {
         pc_detach(corePointer)
     }
 
-    /// The followee word (see `FolloweeLink`), read with acquire.
-    final var followeeWordValue: UInt { pc_word_load(followeeWord) }
+    /// The followee word (see `FolloweeLink`), read with acquire; 0 if there is none.
+    final var followeeWordValue: UInt {
+        if !isRoot { return lineageFolloweeWordValue }
+        return existingRareState.map { pc_word_load($0.followeeWord) } ?? 0
+    }
 
-    /// Stores the followee word (release: the followee's memory hold is in place first).
+    /// `followeeWordValue` of a promise known to be derived.
+    @inline(__always)
+    final var lineageFolloweeWordValue: UInt { pc_word_load(lineageFolloweeWord) }
+
+    /// Stores the followee word (release: the followee's memory hold is in place first),
+    /// making a root's rare state for it.
     final func storeFolloweeWord(_ value: UInt) {
-        pc_word_store(followeeWord, value)
+        pc_word_store(followeeWord ?? rareState.followeeWord, value)
     }
 
 }

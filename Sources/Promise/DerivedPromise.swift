@@ -45,7 +45,7 @@ struct Lineage {
     init(parent: Unmanaged<AnyPromise>) {
         let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
         core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0),
-                          link: pc_node())
+                          link: pc_node(), followee: 0)
         settledParentRetain = nil
         verifiedEpoch = AncestorCheck.unverified
     }

@@ -46,7 +46,8 @@ extension AnyPromise {
     /// rather than one by one.
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
-        guard followeeWordValue == 0 else { return false }
+        // (A handler's child is a derived promise: its word is in its lineage.)
+        guard lineageFolloweeWordValue == 0 else { return false }
         return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
     }
 }

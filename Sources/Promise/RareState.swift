@@ -107,9 +107,11 @@ enum WaiterAddition {
 
 final class RareState: @unchecked Sendable {
     // First stored property, so that its address is known without a lookup: the list's
-    // node, registered on the promise once, and the list's lock (a `pc_word_lock` word
-    // whose value stays 0). A tuple keeps them in this order.
-    private final var header: (node: pc_node, lock: UInt) = (pc_node(), 0)
+    // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
+    // value stays 0), and a root's followee word (see `AnyPromise.followeeWord`). A tuple
+    // keeps them in this order.
+    private final var header: Header = (pc_node(), 0, 0)
+    private typealias Header = (node: pc_node, lock: UInt, followee: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
     private var sourceRetain: Unmanaged<AnyPromise>?
     /// The reason of a cancel forwarded through the promise after it had settled: written
@@ -130,9 +132,15 @@ final class RareState: @unchecked Sendable {
     private var settling: WaiterEntry?
 
     private func withLock<T>(_ body: () -> T) -> T {
-        let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<(node: pc_node, lock: UInt)>.offset(of: \.lock)!)
+        let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<Header>.offset(of: \.lock)!)
             .assumingMemoryBound(to: UInt.self)
         return withWordLock(word, body)
+    }
+
+    /// A root's followee word (see `AnyPromise.followeeWord`); written once, atomically.
+    final var followeeWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<Header>.offset(of: \.followee)!)
+            .assumingMemoryBound(to: UInt.self)
     }
 
     /// Appends `entry`, and registers the list's node on `promise` the first time.

@@ -150,9 +150,6 @@ struct pc_promise {
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
-    uintptr_t followee;   /* atomic, never touched here: the overlay's link to the promise
-                             this one follows, whose memory it holds; bit 1 says whether a
-                             cancel is forwarded to it */
     uintptr_t rare;       /* atomic, never touched here: the overlay's side object for the
                              state few promises need (a forwarded cancel's reason, the list
                              of waiters that may give up), made on first use and published
@@ -171,6 +168,10 @@ typedef struct pc_lineage {
                          written once, before the promise is shared */
     pc_node link;     /* this promise's link in its parent's registry (`children`), once
                          PC_TREE_LINKED */
+    uintptr_t followee; /* atomic, never touched here: the overlay's link to the promise
+                           this one follows, whose memory it holds; bit 1 says whether a
+                           cancel is forwarded to it (a root, which follows only through
+                           `resolve(with:)`, keeps its link in its rare state) */
 } pc_lineage;
 
 /*
