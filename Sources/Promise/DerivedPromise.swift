@@ -7,11 +7,14 @@ import CPromiseCore
 // `Promise`. Code that does not know the value type reaches it through `AnyPromise`'s
 // accessors here, after checking `isRoot`.
 //
-// How: `DerivedPromise<Value>`'s only stored property is `lineage`, and `Promise<Value>`
-// has none of its own, so `lineage` sits at the same offset in every `DerivedPromise`,
-// whatever its `Value`. The accessors read it through `DerivedPromise<Never>`, which the
-// compiler addresses with a constant offset (debug builds check that it is the real one,
-// `DerivedPromise.init`).
+// How: `Promise<Value>` has no stored property of its own, so `DerivedPromise`'s own
+// (`lineage`, then `context`) sit at the same offsets in every `DerivedPromise`, whatever
+// its `Value`, right after `AnyPromise`'s. `DerivedLayout` computes those offsets from a
+// struct that mirrors `AnyPromise`'s stored properties (Swift lays out a class's stored
+// properties as it lays out a struct's), and debug builds check every derived promise
+// against them (`DerivedPromise.init`). The accessors reach the fields from the object's
+// address, as `corePointer` reaches `core`: no formal access to a whole property (which
+// ThreadSanitizer would see as a write by each thread that takes its address).
 
 /// What a derived promise has that a root has not. Plain data (no reference counting):
 /// `AnyPromise`'s deinit reads it after `DerivedPromise`'s part of the object was
@@ -97,11 +100,13 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         slot.initialize(to: .some(continuation))
     }
 
-    /// Debug builds: the accessors' `DerivedPromise<Never>` finds `lineage` where it is.
+    /// Debug builds: `DerivedLayout` finds `lineage` and `context` where they are.
     private func checkLineageOffset() {
-        let actual: UnsafeMutableRawPointer = withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) }
-        let assumed: UnsafeMutableRawPointer = withLineage { UnsafeMutableRawPointer($0) }
-        assert(actual == assumed, "DerivedPromise<\(Value.self)> keeps its lineage at another offset")
+        let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        assert(withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.lineageOffset,
+               "DerivedPromise<\(Value.self)> keeps its lineage at another offset: see AnyPromiseStoredProperties")
+        assert(withUnsafeMutablePointer(to: &context) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.contextOffset,
+               "DerivedPromise<\(Value.self)> keeps its context at another offset")
     }
 }
 
@@ -111,9 +116,8 @@ extension AnyPromise {
     @inlinable @inline(__always)
     final func withLineage<Result>(_ body: (UnsafeMutablePointer<Lineage>) -> Result) -> Result {
         assert(!isRoot, "a root has no lineage")
-        // Every DerivedPromise keeps its lineage at one offset (see the top of this file).
-        return Unmanaged<DerivedPromise<Never>>.fromOpaque(Unmanaged.passUnretained(self).toOpaque())
-            ._withUnsafeGuaranteedRef { withUnsafeMutablePointer(to: &$0.lineage, body) }
+        return body((UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.lineageOffset)
+            .assumingMemoryBound(to: Lineage.self))
     }
 
     /// Hands `work` to this derived promise's context and leaves `.immediate` in its
@@ -122,14 +126,10 @@ extension AnyPromise {
     /// queue, a retain and a release), where moving it out copies nothing.
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
         assert(!isRoot, "a root has no handler context")
-        let context = Unmanaged<DerivedPromise<Never>>.fromOpaque(Unmanaged.passUnretained(self).toOpaque())
-            ._withUnsafeGuaranteedRef { promise in
-                withUnsafeMutablePointer(to: &promise.context) { slot in
-                    let taken = slot.move()
-                    slot.initialize(to: .immediate)
-                    return taken
-                }
-            }
+        let slot = (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
+            .assumingMemoryBound(to: (any ExecutionContext).self)
+        let context = slot.move()
+        slot.initialize(to: .immediate)
         context.execute(work)
     }
 
@@ -178,12 +178,46 @@ extension AnyPromise {
     }
 }
 
-/// Where a derived promise's registry link sits in its object: the same for every
-/// `DerivedPromise`, measured once on a probe (Swift gives a class's field offsets to
-/// code that names the field, not as a number).
+/// `AnyPromise`'s stored properties, in their order: keep in step with the class (debug
+/// builds check, in every `DerivedPromise.init`).
+@usableFromInline
+struct AnyPromiseStoredProperties: ~Copyable {
+    var core: pc_promise
+    var continuation: StoredHandler?
+    var role: NodeRole
+    var errorSideDispatched: Bool
+    var storedValueNeedsDestroy: Bool
+    var runsHandlerInline: Bool
+    var isRoot: Bool
+    #if DEBUG
+    var creationSite: PromiseCreationSite?
+    #endif
+}
+
+/// Where a derived promise's own fields are in its object: constants (see the top of
+/// this file).
+@usableFromInline
 enum DerivedLayout {
-    static let registryLinkOffset: Int = {
-        let probe = DerivedPromise<Int>(linkedTo: Promise<Int>())
-        return UnsafeRawPointer(probe.registryLinkPointer) - UnsafeRawPointer(Unmanaged.passUnretained(probe).toOpaque())
-    }()
+    @inlinable
+    static func aligned(_ offset: Int, to alignment: Int) -> Int {
+        (offset + alignment - 1) & ~(alignment - 1)
+    }
+
+    /// `DerivedPromise.lineage`, from the object's address.
+    @inlinable
+    static var lineageOffset: Int {
+        aligned(CoreLayout.headerSize + MemoryLayout<AnyPromiseStoredProperties>.size, to: MemoryLayout<Lineage>.alignment)
+    }
+
+    /// `DerivedPromise.context`, from the object's address.
+    @inlinable
+    static var contextOffset: Int {
+        aligned(lineageOffset + MemoryLayout<Lineage>.size, to: MemoryLayout<any ExecutionContext>.alignment)
+    }
+
+    /// `pc_lineage.link` of a derived promise, from the object's address (`core` is the
+    /// lineage's first field).
+    static var registryLinkOffset: Int {
+        lineageOffset + MemoryLayout<pc_lineage>.offset(of: \pc_lineage.link)!
+    }
 }
