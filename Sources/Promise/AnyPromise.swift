@@ -15,7 +15,8 @@ public enum PromiseState: Sendable, Equatable {
 /// What a promise's own node is registered for.
 @usableFromInline
 enum NodeRole: UInt8 {
-    /// Not registered anywhere (roots, and children after they fired).
+    /// Not registered for the promise itself: a root (whose node may hold its first
+    /// `whenComplete`, which fires through its own callback), or a child after it fired.
     case idle
     /// Waiting for the parent: run `continuation` on `context` when it settles.
     case continuation
@@ -38,6 +39,8 @@ enum NodeRole: UInt8 {
 public class AnyPromise: @unchecked Sendable {
     // `core` must stay the first stored property: `corePointer` finds it at the start of
     // the stored properties, and the C core addresses it there for the object's life.
+    // Keep `AnyPromiseStoredProperties` (DerivedPromise.swift) in step with the stored
+    // properties here: a derived promise's own fields are found after them by offset.
     @usableFromInline final var core = pc_promise()
 
     /// The parent, alive or nil: a strong reference if it is still alive, nil once it has
@@ -80,8 +83,7 @@ public class AnyPromise: @unchecked Sendable {
     /// (released) when it runs, or released with the promise if it never does.
     @exclusivity(unchecked) final var continuation: StoredHandler?
     // The one-byte fields sit here, in the padding after `continuation` (33 bytes), not
-    // at the end: declared last they would cost a word of their own, and a root would
-    // cross into glibc's next chunk size (160 -> 176 bytes).
+    // after a word-aligned field, where they would cost a word of their own.
     @usableFromInline @exclusivity(unchecked) final var role: NodeRole = .idle
     /// Set (and read) by the thread firing this child when it sent the handler's error side
     /// to the context because the parent was cancelled.

@@ -240,7 +240,8 @@ extension AnyPromise {
     /// The word holding the followed promise's address, whose memory this promise holds
     /// (see `FolloweeLink`), with `FolloweeLink.forwardsCancel` in bit 1: in a derived
     /// promise's lineage; in a root's rare state (a root follows only through
-    /// `resolve(with:)`, rarely), so nil for a root that never made it.
+    /// `resolve(with:)`, rarely), so nil for a root that never made it. Only on a live
+    /// promise (or a dying one, on itself): a root's rare state goes with it.
     final var followeeWord: UnsafeMutablePointer<UInt>? {
         isRoot ? existingRareState?.followeeWord : lineageFolloweeWord
     }
@@ -341,10 +342,6 @@ enum HeldMemory {
 enum ParentLink {
     @usableFromInline static let parentIsRoot: UInt = 1
     static let addressMask: UInt = ~UInt(7)
-}
-
-extension AnyPromise {
-
 }
 
 // MARK: The first observer, inline in a root

@@ -100,8 +100,11 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         slot.initialize(to: .some(continuation))
     }
 
-    /// Debug builds: `DerivedLayout` finds `lineage` and `context` where they are.
+    /// Debug builds: `DerivedLayout` finds `lineage` and `context` where they are, and
+    /// `Lineage` is plain data (`AnyPromise`'s deinit reads it after this class's fields
+    /// were destroyed; it never touches `context`, which was).
     private func checkLineageOffset() {
+        assert(_isPOD(Lineage.self), "Lineage must stay plain data: AnyPromise's deinit reads it last")
         let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         assert(withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.lineageOffset,
                "DerivedPromise<\(Value.self)> keeps its lineage at another offset: see AnyPromiseStoredProperties")

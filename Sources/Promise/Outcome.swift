@@ -22,7 +22,7 @@ import CPromiseCore
 extension AnyPromise {
     /// The error of a rejected or cancelled promise. It has no field of its own: it sits
     /// in the first of the core's payload words, which only a fulfilled promise's value
-    /// uses (a word less per promise, which keeps the object in glibc's 240-byte chunk).
+    /// uses (a word less per promise).
     /// Written by the claim winner of a failed outcome, before it publishes (a claim
     /// turned from fulfilled into cancelled writes it before any value is stored); read
     /// only by code that knows the outcome failed, after an acquire load has seen it;

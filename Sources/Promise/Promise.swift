@@ -20,11 +20,14 @@ import CPromiseCore
 /// Threading: a promise is a lock-free C state machine (see `pc_promise.h`) plus a
 /// value slot written once by the winning resolver before it publishes the outcome.
 ///
-/// Not `open`: no code outside this module can subclass it. Inside, the promises that
-/// `then` and the other continuations make are of an internal subclass that adds what
-/// only a promise with a parent needs, so that a root is smaller; every member stays
-/// `final` (statically dispatched). `type(of:)` on such a promise names that subclass;
-/// `is Promise<Value>` and `description` say `Promise<Value>` for both.
+/// Not `open`: no code outside this module can subclass it. Not `final` either: the
+/// promises that `then` and the other continuations make, and `timeout`'s and `delay`'s,
+/// are of an internal subclass that adds what only a promise with a parent needs, so
+/// that a root is smaller. Its members stay `final`. What that changes for a client:
+/// `type(of:)` on such a promise names the subclass (test with `is Promise<Value>` or
+/// `as?`; `description` says `Promise<Value>` for both), and an extension cannot add a
+/// conformance whose requirements include an initialiser (`ExpressibleByNilLiteral`,
+/// `Decodable`), which a class that is not final must declare `required` in its body.
 public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     // The value lives in the core's `payload` words (see `ValueStorage.swift`), not in a
     // `Value?` property: code that runs without knowing `Value` statically (the fire
@@ -112,9 +115,11 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     }
 
     /// A derived promise: `DerivedPromise`'s initialisers, after setting up its lineage.
+    /// Only for them: a `Promise` made this way would have no lineage to read.
     @usableFromInline
     override init(derived: Void) {
         super.init(derived: ())
+        assert(self is DerivedPromise<Value>, "only a DerivedPromise is a derived promise")
     }
 
     /// Settles this promise, if still free, as `source` (of the same `Value`, or the
@@ -189,6 +194,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// a.resolve(with: b)
     /// b.resolve(with: a)      // b and a reject with PromiseError.cycle
     /// ```
+    ///
+    /// Cost: one allocation (the observer on `other`); on a root, a second the first time,
+    /// its rare state, where a root keeps the link to the promise it follows.
     public final func resolve(with other: Promise<Value>) {
         guard claim(from: PC_CLAIM_FREE, to: PC_CLAIM_FOLLOWING) else { return }
         recordFollowee(other, forwardsCancel: false)

@@ -4,8 +4,9 @@ import Dispatch
 // The rare state of a promise: what few promises need, in a side object made on first use
 // and reached through one word of the promise (`rareStateWord`), so that the others pay a
 // word for it, not its size. Today it holds the reason of a cancel forwarded through a
-// settled promise, the list of waiters that may give up, and the count of other observers
-// that gave up (`observerGaveUp`, below: the slots of settled combinators).
+// settled promise, the list of waiters that may give up, the count of other observers
+// that gave up (`observerGaveUp`, below: the slots of settled combinators), and a root's
+// followee link (`AnyPromise.followeeWord`: a root follows only through `resolve(with:)`).
 //
 // Waiters that may give up (a `wait(timeout:)`, an `await` whose Task may be cancelled, a
 // `timeout` child whose timer may fire first) are not nodes of the promise's lock-free

@@ -28,8 +28,10 @@ extension AnyPromise {
                 owned.release()
                 return
             }
-            // Ours alone: keep the retain for the loop. Its node is in no list (a list would
-            // hold a retain), so it serves as our link.
+            // Ours alone: keep the retain for the loop. Its node is in no list, so it serves
+            // as our link: a list holding a child's node holds a retain of it, and a root's
+            // node (its first observer's, which holds none) has fired, since the root has
+            // settled, and its deferred run or queued work holds a retain while it waits.
             let node = owned._withUnsafeGuaranteedRef { $0.nodePointer }
             node.pointee.next = work
             work = node

@@ -152,8 +152,8 @@ struct pc_promise {
                              only after an acquire has seen PC_FULFILLED */
     uintptr_t rare;       /* atomic, never touched here: the overlay's side object for the
                              state few promises need (a forwarded cancel's reason, the list
-                             of waiters that may give up), made on first use and published
-                             once with pc_word_publish */
+                             of waiters that may give up, a root's followee link), made on
+                             first use and published once with pc_word_publish */
 };
 
 /*

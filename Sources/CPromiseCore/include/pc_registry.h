@@ -16,7 +16,8 @@
  *
  * None of them needs external synchronisation against another or against the state
  * machine's calls, except that the promise must be alive (its memory held) for all of
- * them: the registry is taken whole and pushed back, never unlinked node by node.
+ * them, for pc_holds_* the derived promise that embeds the pc_lineage: the registry is
+ * taken whole and pushed back, never unlinked node by node.
  */
 #ifndef PC_REGISTRY_H
 #define PC_REGISTRY_H
