@@ -215,6 +215,30 @@ final class ContextTests: XCTestCase {
         XCTAssertEqual(order.values, Array(0..<500))
     }
 
+    func testARootsInlineSlotTakenByALaterObserverKeepsRegistrationOrder() {
+        // A root keeps its first `.immediate` or `.default` observer inline; a first one on
+        // a queue goes to a box, and the next `.immediate` one takes the slot. Order holds.
+        let queue = DispatchQueue(label: "PromiseTests.slotOrder")
+        let p = Promise<Int>()
+        let order = Recorder<String>()
+        p.whenComplete(on: queue) { _ in order.append("queue") }
+        for i in 1...3 { p.whenComplete(on: .immediate) { _ in order.append("inline \(i)") } }
+        p.fulfill(1)
+        XCTAssertEqual(order.values.filter { $0.hasPrefix("inline") }, ["inline 1", "inline 2", "inline 3"],
+                       "the inline observers, in order, before fulfill returns")
+        queue.sync {}
+        XCTAssertEqual(order.values.count, 4)
+
+        let q = Promise<Int>()
+        let queued = Recorder<Int>()
+        q.whenComplete(on: queue) { _ in queued.append(0) }
+        q.whenComplete(on: .default) { _ in }  // takes the slot
+        for i in 1...5 { q.whenComplete(on: queue) { _ in queued.append(i) } }
+        q.fulfill(2)
+        queue.sync {}
+        XCTAssertEqual(queued.values, Array(0...5), "the queue's observers in registration order around the slot")
+    }
+
     // MARK: Serial queues
 
     func testSerialQueueRunsHandlersInRegistrationOrder() {

@@ -24,6 +24,28 @@ final class DescriptionTests: XCTestCase {
         XCTAssertEqual(plainCancel.description, "Promise<()>(cancelled: CancellationError())")
     }
 
+    func testDerivedPromisesDescribeThemselvesAsPromise() {
+        // `then`, `recover`, `timeout` and a follower have another layout than a root: the
+        // text names the public type all the same.
+        let root = Promise<Int>()
+        let child = root.then(on: .immediate) { "\($0)" }
+        let recovered = root.recover(on: .immediate) { _ in 0 }
+        let limited = root.timeout(.seconds(60))
+        let follower = Promise<Int>()
+        follower.resolve(with: root)
+        XCTAssertEqual(child.description, "Promise<String>(pending)")
+        XCTAssertEqual(recovered.description, "Promise<Int>(pending)")
+        XCTAssertEqual(limited.description, "Promise<Int>(pending)")
+        for promise in [child, recovered, limited, follower] as [AnyPromise] {
+            XCTAssertTrue(promise.debugDescription.hasPrefix("Promise<"), promise.debugDescription)
+        }
+        XCTAssertTrue(child.debugDescription.contains("parent Promise<Int>(pending)"), child.debugDescription)
+        root.fulfill(12)
+        XCTAssertEqual(child.description, "Promise<String>(fulfilled: \"12\")")
+        XCTAssertEqual(limited.description, "Promise<Int>(fulfilled: 12)")
+        XCTAssertEqual(follower.description, "Promise<Int>(fulfilled: 12)")
+    }
+
     func testPrintAndInterpolationUseTheDescription() {
         let promise = Promise(value: 7)
         var printed = ""
