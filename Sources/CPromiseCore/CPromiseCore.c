@@ -21,11 +21,9 @@ _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word")
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
 /* Ten words, on 64-bit and 32-bit targets alike (make test-core-32 builds it so). A
- * derived promise adds its five-word pc_lineage (six on 32-bit targets, where the link's
- * 8-byte alignment rounds it up). */
+ * derived promise adds its four-word pc_lineage. */
 _Static_assert(sizeof(pc_promise) == 10 * sizeof(void *), "pc_promise is ten words");
-_Static_assert(sizeof(pc_lineage) == (sizeof(void *) == 8 ? 5 : 6) * sizeof(void *),
-               "pc_lineage is five words (six on 32-bit targets)");
+_Static_assert(sizeof(pc_lineage) == 4 * sizeof(void *), "pc_lineage is four words");
 
 /* A guaranteed tail call where the compiler offers one (clang; gcc 15), a plain one
  * elsewhere. */
@@ -444,11 +442,11 @@ pc_node *pc_detach(pc_promise *promise) {
 
 #define PC_COUNT_ONE ((uintptr_t)1u << PC_TREE_COUNT_SHIFT)
 
-uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
+uintptr_t pc_children_push(pc_promise *promise, pc_link *link) {
     /* No ordering: only a first guess for the CAS, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->children));
     for (;;) {
-        link->next = (pc_node *)seen;
+        link->next = (pc_link *)seen;
         /* release: publishes link->next (and the promise embedding the link) before the
          * link is reachable; pairs with the acquire CAS in pc_children_take. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_release(
@@ -465,7 +463,7 @@ uintptr_t pc_children_push(pc_promise *promise, pc_node *link) {
     return before / PC_COUNT_ONE + 1;
 }
 
-pc_node *pc_children_take(pc_promise *promise) {
+pc_link *pc_children_take(pc_promise *promise) {
     /* No ordering: first guess for the CAS. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->children));
     while (seen != 0) {
@@ -474,7 +472,7 @@ pc_node *pc_children_take(pc_promise *promise) {
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_acquire(
             PC_WORD(&promise->children), (AO_t)seen, (AO_t)0);
         if (was == seen) {
-            return (pc_node *)seen;
+            return (pc_link *)seen;
         }
         seen = was;
     }

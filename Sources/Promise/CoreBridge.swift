@@ -477,12 +477,12 @@ extension AnyPromise {
 
     /// Pushes `child`'s registry link onto this promise's registry; the number of links
     /// pushed so far (approximate, for pruning).
-    final func registryPush(_ link: UnsafeMutablePointer<pc_node>) -> UInt {
+    final func registryPush(_ link: UnsafeMutablePointer<pc_link>) -> UInt {
         pc_children_push(corePointer, link)
     }
 
     /// Takes the whole registry (newest first); the caller owns the links.
-    final func registryTake() -> UnsafeMutablePointer<pc_node>? {
+    final func registryTake() -> UnsafeMutablePointer<pc_link>? {
         pc_children_take(corePointer)
     }
 

@@ -48,7 +48,7 @@ struct Lineage {
     init(parent: Unmanaged<AnyPromise>) {
         let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
         core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0),
-                          link: pc_node(), followee: 0)
+                          link: pc_link(), followee: 0)
         settledParentRetain = nil
         verifiedEpoch = AncestorCheck.unverified
     }
@@ -170,13 +170,13 @@ extension AnyPromise {
 
 extension AnyPromise {
     /// This derived promise's link in its parent's cancellation registry (`pc_lineage.link`).
-    final var registryLinkPointer: UnsafeMutablePointer<pc_node> {
+    final var registryLinkPointer: UnsafeMutablePointer<pc_link> {
         (UnsafeMutableRawPointer(lineageCore) + MemoryLayout<pc_lineage>.offset(of: \pc_lineage.link)!)
-            .assumingMemoryBound(to: pc_node.self)
+            .assumingMemoryBound(to: pc_link.self)
     }
 
     /// The derived promise whose registry link is `link`, not retained.
-    static func owner(ofRegistryLink link: UnsafeMutablePointer<pc_node>) -> Unmanaged<AnyPromise> {
+    static func owner(ofRegistryLink link: UnsafeMutablePointer<pc_link>) -> Unmanaged<AnyPromise> {
         Unmanaged.fromOpaque(UnsafeRawPointer(link) - DerivedLayout.registryLinkOffset)
     }
 }

@@ -146,7 +146,7 @@ extension AnyPromise {
         var node = registryTake()
         guard node != nil else { return }
         var taken: UInt = 0
-        var kept: [UnsafeMutablePointer<pc_node>] = []
+        var kept: [UnsafeMutablePointer<pc_link>] = []
         // The live children, held, for the re-applied cancel: once the links are back in
         // the registry another thread may prune them, so they are not read again.
         var live: [AnyPromise] = []

@@ -135,6 +135,13 @@ struct pc_node {
     pc_fire_fn _Nullable fire;           /* set before pc_observe / pc_defer */
 };
 
+/* A link in a cancellation registry (pc_registry.h): a stack node that is never fired, so
+ * it needs no callback. */
+typedef struct pc_link pc_link;
+struct pc_link {
+    pc_link *_Nullable next; /* owned by whoever holds the registry's stack */
+};
+
 /* The C state of one promise. Zero-initialised means pending, unclaimed, no observers. */
 struct pc_promise {
     uintptr_t state;    /* atomic: observer stack head | PC_STATE_FIRING | outcome */
@@ -166,7 +173,7 @@ typedef struct pc_lineage {
     uintptr_t parent; /* never touched here: the overlay's link to the promise this one
                          was derived from, whose memory (not the promise) it holds;
                          written once, before the promise is shared */
-    pc_node link;     /* this promise's link in its parent's registry (`children`), once
+    pc_link link;     /* this promise's link in its parent's registry (`children`), once
                          PC_TREE_LINKED */
     uintptr_t followee; /* atomic, never touched here: the overlay's link to the promise
                            this one follows, whose memory it holds; bit 1 says whether a

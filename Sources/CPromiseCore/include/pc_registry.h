@@ -36,10 +36,10 @@ extern "C" {
  * nodes are never unlinked one by one (no ABA). Returns the number of links pushed so far
  * (approximate under races; used only to decide when to prune).
  */
-uintptr_t pc_children_push(pc_promise *_Nonnull promise, pc_node *_Nonnull link);
+uintptr_t pc_children_push(pc_promise *_Nonnull promise, pc_link *_Nonnull link);
 
 /* Takes the whole registry (newest first, NULL if empty); the caller owns the nodes. */
-pc_node *_Nullable pc_children_take(pc_promise *_Nonnull promise);
+pc_link *_Nullable pc_children_take(pc_promise *_Nonnull promise);
 
 /* Lowers the registry's count after the caller dropped `count` links it had taken. */
 void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
