@@ -60,13 +60,11 @@ struct Lineage {
 final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     @usableFromInline @exclusivity(unchecked) final var lineage: Lineage
 
-    /// Where `continuation` runs. `.immediate` is never called: such handlers run inline
-    /// through the core's trampoline. Not an optional with nil for `.immediate`: copying
-    /// or destroying an `Optional<any ExecutionContext>` goes through `Optional`'s generic
-    /// value witnesses (a metadata lookup and indirect calls, 70 to 140 instructions each
-    /// time), a plain existential straight through its contents' own (a retain or release
-    /// for a queue, nothing for `.immediate`). Not in `Lineage`, which stays plain data.
-    @usableFromInline @exclusivity(unchecked) final var context: any ExecutionContext = .immediate
+    /// Where `continuation` runs, unless it runs `.immediate` (then nothing is stored:
+    /// such handlers run inline through the core's trampoline, `runsHandlerInline`).
+    /// Not in `Lineage`, whose fields `AnyPromise`'s deinit still reads: this one is
+    /// destroyed by our own deinit, if it was never sent.
+    @usableFromInline @exclusivity(unchecked) final var context = StoredContext()
 
     /// A child created by a continuation: registered on `parent` at once.
     @usableFromInline
@@ -79,7 +77,7 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         if context.isImmediate {
             runsHandlerInline = true
         } else {
-            self.context = context
+            self.context = StoredContext(context)
         }
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`
@@ -94,6 +92,10 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
+    }
+
+    deinit {
+        context.destroy()  // a handler that never went to its context
     }
 
     private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
@@ -123,17 +125,12 @@ extension AnyPromise {
             .assumingMemoryBound(to: Lineage.self))
     }
 
-    /// Hands `work` to this derived promise's context and leaves `.immediate` in its
-    /// place. A handler is sent to its context once, and nothing reads the context after
-    /// that; a call on the property itself would first copy the existential out (for a
-    /// queue, a retain and a release), where moving it out copies nothing.
+    /// Hands `work` to this derived promise's context, which it moves out (no copy, so
+    /// no retain and release of a queue): a handler is sent to its context once.
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
         assert(!isRoot, "a root has no handler context")
-        let slot = (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
-            .assumingMemoryBound(to: (any ExecutionContext).self)
-        let context = slot.move()
-        slot.initialize(to: .immediate)
-        context.execute(work)
+        (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
+            .assumingMemoryBound(to: StoredContext.self).pointee.send(work)
     }
 
     /// See `Lineage.settledParentRetain`; only for a derived promise (a root has no parent
@@ -215,7 +212,7 @@ enum DerivedLayout {
     /// `DerivedPromise.context`, from the object's address.
     @inlinable
     static var contextOffset: Int {
-        aligned(lineageOffset + MemoryLayout<Lineage>.size, to: MemoryLayout<any ExecutionContext>.alignment)
+        aligned(lineageOffset + MemoryLayout<Lineage>.size, to: MemoryLayout<StoredContext>.alignment)
     }
 
     /// `pc_lineage.link` of a derived promise, from the object's address (`core` is the

@@ -127,3 +127,81 @@ extension ExecutionContext {
     @inlinable @inline(__always)
     var isDefault: Bool { Self.self == DefaultExecutionContext.self }
 }
+
+// MARK: A context stored in a derived promise
+
+/// A handler's context as a derived promise stores it: 32 bytes where an
+/// `any ExecutionContext` takes 40. A context of at most two words (a queue, `.default`,
+/// `.concurrent(queue)`, an event loop) sits in `payload` as itself; a larger one in a
+/// box there (one allocation, for contexts few use). `type` says which, and is nil for
+/// `.immediate`, which is never stored.
+///
+/// Plain data to Swift: whoever holds one moves the context out once (`send`), or
+/// destroys it (`destroy`) if it was never sent.
+@usableFromInline
+struct StoredContext {
+    private var payload: (UInt, UInt) = (0, 0)
+    private var type: (any ExecutionContext.Type)? = nil
+
+    @usableFromInline
+    init() {}
+
+    /// Stores `context` (not `.immediate`).
+    @usableFromInline
+    init(_ context: any ExecutionContext) {
+        store(context)
+    }
+
+    private mutating func store<C: ExecutionContext>(_ context: C) {
+        // The common queue first, without the generic value witnesses (a queue hop's cost).
+        if ObjectIdentifier(C.self) == ObjectIdentifier(DispatchQueue.self) {
+            let reference = withUnsafeBytes(of: context) { $0.load(as: UnsafeRawPointer.self) }
+            _ = Unmanaged<DispatchQueue>.fromOpaque(reference).retain()  // the payload's
+            payload.0 = UInt(bitPattern: reference)
+            type = DispatchQueue.self
+            return
+        }
+        if MemoryLayout<C>.size <= MemoryLayout<(UInt, UInt)>.size,
+           MemoryLayout<C>.alignment <= MemoryLayout<(UInt, UInt)>.alignment,
+           _isBitwiseTakable(C.self) {
+            withUnsafeMutableBytes(of: &payload) { _ = $0.baseAddress.unsafelyUnwrapped.initializeMemory(as: C.self, to: context) }
+            type = C.self
+        } else {
+            let box = ContextBox(context)
+            withUnsafeMutableBytes(of: &payload) { _ = $0.baseAddress.unsafelyUnwrapped.initializeMemory(as: ContextBox<C>.self, to: box) }
+            type = ContextBox<C>.self
+        }
+    }
+
+    /// Moves the context out and hands it `work`; nothing if none is stored.
+    mutating func send(_ work: @escaping @Sendable () -> Void) {
+        guard let stored = type else { return }
+        type = nil
+        if ObjectIdentifier(stored) == ObjectIdentifier(DispatchQueue.self) {
+            let queue = Unmanaged<DispatchQueue>.fromOpaque(UnsafeRawPointer(bitPattern: payload.0).unsafelyUnwrapped).takeRetainedValue()
+            return queue.execute(work)
+        }
+        func execute<C: ExecutionContext>(_: C.Type) {
+            let context = withUnsafeMutableBytes(of: &payload) { $0.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: C.self).move() }
+            context.execute(work)
+        }
+        execute(stored)
+    }
+
+    /// Destroys a context that was never sent.
+    mutating func destroy() {
+        guard let stored = type else { return }
+        type = nil
+        func destroy<C: ExecutionContext>(_: C.Type) {
+            _ = withUnsafeMutableBytes(of: &payload) { $0.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: C.self).deinitialize(count: 1) }
+        }
+        destroy(stored)
+    }
+}
+
+/// A context too large for `StoredContext`'s two words.
+private final class ContextBox<Base: ExecutionContext>: ExecutionContext {
+    let base: Base
+    init(_ base: Base) { self.base = base }
+    func execute(_ work: @escaping @Sendable () -> Void) { base.execute(work) }
+}

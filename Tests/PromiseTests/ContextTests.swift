@@ -352,6 +352,41 @@ final class ContextTests: XCTestCase {
     }
     #endif
 
+    func testContextsOfEverySizeRunTheirHandlersAndAreReleased() {
+        // A derived promise keeps a context of up to two words inline and a larger one in a
+        // box: each runs its handler once, on its queue, and is released with the promise,
+        // sent or not.
+        let queue = DispatchQueue(label: "PromiseTests.sizedContexts")
+        let key = DispatchSpecificKey<Bool>()
+        queue.setSpecific(key: key, value: true)
+        let makers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
+            ("one word", { SizedContext(owner: $0) }),
+            ("two words", { WideContext(owner: $0) }),
+            ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
+        ]
+        for (name, make) in makers {
+            weak var sentOwner: ContextOwner?
+            weak var unsentOwner: ContextOwner?
+            do {
+                let owner = ContextOwner(queue: queue), otherOwner = ContextOwner(queue: queue)
+                sentOwner = owner
+                unsentOwner = otherOwner
+                let child = Promise(value: 2).then(on: make(owner)) { v -> Bool in
+                    DispatchQueue.getSpecific(key: key) == true && v == 2
+                }
+                XCTAssertEqual(value(child), true, "\(name): the handler ran on its queue")
+                // Never sent: a cancelled parent gives a handler without an error side nothing
+                // to run, so the child is cancelled in place.
+                let cancelled = Promise<Int>()
+                _ = cancelled.then(on: make(otherOwner)) { $0 }
+                cancelled.cancel()
+            }
+            queue.sync {}
+            XCTAssertNil(sentOwner, "\(name): a sent context is released")
+            XCTAssertNil(unsentOwner, "\(name): a context never sent is released with its promise")
+        }
+    }
+
     func testCustomContextRunsEveryHandlerThroughExecuteOnce() {
         let context = CountingContext()
         let key = DispatchSpecificKey<Bool>()
@@ -436,4 +471,24 @@ final class ContextTests: XCTestCase {
         let implicit = p.then { _ in Thread.isMainThread }  // `on:` left out means .default
         XCTAssertEqual(value(implicit), false)
     }
+}
+
+/// A class a context holds, to see when the context is released.
+private final class ContextOwner: Sendable {
+    let queue: DispatchQueue
+    init(queue: DispatchQueue) { self.queue = queue }
+}
+
+/// One word (a reference), or four with `extra`: inline, or boxed.
+private struct SizedContext: ExecutionContext {
+    let owner: ContextOwner
+    var extra: (Int, Int, Int)? = nil
+    func execute(_ work: @escaping @Sendable () -> Void) { owner.queue.async(execute: work) }
+}
+
+/// Two words: a reference and a count, inline.
+private struct WideContext: ExecutionContext {
+    let owner: ContextOwner
+    let count = 7
+    func execute(_ work: @escaping @Sendable () -> Void) { owner.queue.async(execute: work) }
 }
