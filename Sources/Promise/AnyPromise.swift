@@ -93,8 +93,8 @@ public class AnyPromise: @unchecked Sendable {
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
     /// A derived promise whose handler runs on `.immediate` (inline, through the
-    /// trampoline): set once, before the promise is shared, so that firing never opens
-    /// the context's existential to ask.
+    /// trampoline): set once, before the promise is shared. Not read off the stored
+    /// context, which moves out when the handler is sent (and costs more to reach).
     @usableFromInline @exclusivity(unchecked) final var runsHandlerInline = false
     /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
     /// `whenComplete` (see `claimFirstObserverSlot`).
@@ -138,8 +138,7 @@ public class AnyPromise: @unchecked Sendable {
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
         // A plain load: nothing else can reach a dying promise's word. Before the rare
-        // state goes: a root's word is there (a root without one skips the look).
-        let followeeWord = isRoot ? (rareStateWord.pointee == 0 ? nil : existingRareState?.followeeWord) : lineageFolloweeWord
+        // state goes: a root's word is there.
         if let followeeWord, let followee = UnsafeMutableRawPointer(bitPattern: followeeWord.pointee & FolloweeLink.addressMask) {
             HeldMemory.release(followee)
         }

@@ -242,8 +242,10 @@ extension AnyPromise {
     /// promise's lineage; in a root's rare state (a root follows only through
     /// `resolve(with:)`, rarely), so nil for a root that never made it. Only on a live
     /// promise (or a dying one, on itself): a root's rare state goes with it.
+    @inline(__always)
     final var followeeWord: UnsafeMutablePointer<UInt>? {
-        isRoot ? existingRareState?.followeeWord : lineageFolloweeWord
+        guard isRoot else { return lineageFolloweeWord }
+        return UnsafeMutableRawPointer(bitPattern: rareStateWordValue).map(RareState.followeeWord(ofRareStateAt:))
     }
 
     /// A derived promise's followee word (see `followeeWord`).
@@ -512,8 +514,7 @@ extension AnyPromise {
 
     /// The followee word (see `FolloweeLink`), read with acquire; 0 if there is none.
     final var followeeWordValue: UInt {
-        if !isRoot { return lineageFolloweeWordValue }
-        return existingRareState.map { pc_word_load($0.followeeWord) } ?? 0
+        followeeWord.map { pc_word_load($0) } ?? 0
     }
 
     /// `followeeWordValue` of a promise known to be derived.

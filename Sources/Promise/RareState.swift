@@ -140,7 +140,14 @@ final class RareState: @unchecked Sendable {
 
     /// A root's followee word (see `AnyPromise.followeeWord`); written once, atomically.
     final var followeeWord: UnsafeMutablePointer<UInt> {
-        (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<Header>.offset(of: \.followee)!)
+        RareState.followeeWord(ofRareStateAt: Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    /// `followeeWord` of the rare state at `address`, without a reference to it (no
+    /// retain and release: a promise asks on every deinit).
+    @inline(__always)
+    static func followeeWord(ofRareStateAt address: UnsafeMutableRawPointer) -> UnsafeMutablePointer<UInt> {
+        (address + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.followee)!)
             .assumingMemoryBound(to: UInt.self)
     }
 
