@@ -1227,7 +1227,7 @@ init {
  * with a side child T of the leaf L that settled early (a fired `timeout`), whose own
  * child S (a recovery on a queue) goes in flight. R is a settled root its canceller holds;
  * A is settled and held only by the cascade that ran it, which lets it go once L is in
- * flight; B is settled and held by L (`settledParentRetain`) while L's handler waits on a
+ * flight; B is settled and held by L (`settledParent`) while L's handler waits on a
  * queue that never runs it, so L stays pending unless a cancel reaches it; T is settled and
  * held by S while S's handler waits; S goes in flight, which links T, L, B and A early and
  * holds the path, then settles and lets its hold go.
@@ -1387,8 +1387,8 @@ init {
         rstate[NR] = FULFILLED; rstate[NA] = FULFILLED; rstate[NB] = FULFILLED;
         rstate[NL] = PENDING; rstate[NT] = REJECTED; rstate[NS] = PENDING;
         ralive[NR] = 1; ralive[NA] = 1; ralive[NB] = 1; ralive[NL] = 1; ralive[NT] = 1; ralive[NS] = 1;
-        /* R: its canceller; A: the cascade; B: L's settledParentRetain; L, S: their queues;
-           T: S's settledParentRetain (and L's observer stack no more: T settled early) */
+        /* R: its canceller; A: the cascade; B: L's settledParent; L, S: their queues;
+           T: S's settledParent (and L's observer stack no more: T settled early) */
         rrefs[NR] = 1; rrefs[NA] = 1; rrefs[NB] = 1; rrefs[NL] = 1; rrefs[NT] = 1; rrefs[NS] = 1;
         run Side(); run Leaf(); run Cascade(); run Canceller()
     }
@@ -1688,7 +1688,7 @@ init {
  * and then looks up (cancelReasonFromAncestors; the epoch has moved, so it walks: each
  * ancestor tried with swift_tryRetain, a dead one ends the walk):
  *
- *   chain:    R -> A -> B -> C. B's handler ran holding A (settledParentRetain) and its
+ *   chain:    R -> A -> B -> C. B's handler ran holding A (settledParent) and its
  *             publish fired C inline; B then keeps A until the cascade ends
  *             (keepParentUntilCascadeEnds), C's handler runs, claims, and looks up
  *             through B (held by C) and A. Nobody else holds A.
@@ -1769,7 +1769,7 @@ proctype CascadeCanceller() {
 
 init {
     atomic {
-        cAlive[CA] = 1; cRefs[CA] = 1;        /* A: B's settledParentRetain */
+        cAlive[CA] = 1; cRefs[CA] = 1;        /* A: B's settledParent */
         cAlive[CP] = 1; cRefs[CP] = 1;        /* P: X's holds */
         run ChainCascade(); run FollowerCascade(); run CascadeCanceller()
     }
@@ -2041,7 +2041,7 @@ inline lenter_flight(p) {
 }
 
 /* B's publish fired L, whose handler goes to its queue (sourceDidSettle); B settled
- * without a cancel, and L keeps B for its handler (settledParentRetain, taken at the fire). */
+ * without a cancel, and L keeps B for its handler (settledParent, taken at the fire). */
 inline lfire_queued() {
     d_step { carried = LCARRIES(LB) };
     if
@@ -2120,7 +2120,7 @@ proctype LRootSettler() {
     if :: nested -> d_step { ldrop(LR) } :: else fi;
     if
     :: settled ->
-       /* A's deferred run: A keeps R (settledParentRetain) */
+       /* A's deferred run: A keeps R (settledParent) */
        d_step { carried = LCARRIES(LR) };
        if
        :: carried -> d_step { todo = todo | BIT(LA) }; ldrain(); firedB = 0

@@ -73,6 +73,7 @@ static _Thread_local struct {
     size_t kept_count;
     size_t kept_capacity; /* of `kept`: 0 before first use */
     unsigned depth;
+    const pc_promise *opener; /* whose call opened the outermost scope, or NULL */
     pc_kept kept_inline[PC_KEPT_INLINE];
 } pc_trampoline;
 
@@ -120,17 +121,29 @@ static void pc_drain(void) {
         (void)pthread_setspecific(pc_kept_key, NULL); /* created with the buffer just freed */
     }
     pc_trampoline.depth = 0;
+    pc_trampoline.opener = NULL;
 }
 
-static inline void pc_scope_enter(void) {
+/* Opens a scope for a call on `promise` (which its caller holds until the call returns). */
+static inline void pc_scope_enter(const pc_promise *promise) {
+    if (pc_trampoline.depth == 0) {
+        pc_trampoline.opener = promise;
+    }
     pc_trampoline.depth += 1;
 }
 
 static inline void pc_scope_leave(void) {
     pc_trampoline.depth -= 1;
-    if (pc_trampoline.depth == 0 && (pc_trampoline.head != NULL || pc_trampoline.kept_count != 0)) {
-        pc_drain();
+    if (pc_trampoline.depth == 0) {
+        if (pc_trampoline.head != NULL || pc_trampoline.kept_count != 0) {
+            pc_drain();
+        }
+        pc_trampoline.opener = NULL;
     }
+}
+
+bool pc_scope_opened_by(const pc_promise *promise) {
+    return pc_trampoline.depth != 0 && pc_trampoline.opener == promise;
 }
 
 void pc_defer(pc_node *node) {
@@ -206,7 +219,7 @@ uintptr_t pc_inline_begin(const pc_promise *promise) {
     if (pc_trampoline.depth != 0) {
         return PC_PENDING; /* inside a firing: the observer must queue behind it */
     }
-    pc_scope_enter();
+    pc_scope_enter(promise);
     return tags & PC_OUTCOME_MASK;
 }
 
@@ -241,7 +254,7 @@ void pc_observe(pc_promise *promise, pc_node *node) {
          * settled tag seen here also makes the outcome value visible. */
         seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->state));
     }
-    pc_scope_enter();
+    pc_scope_enter(promise);
     node->fire(node, promise);
     pc_scope_leave();
 }
@@ -299,7 +312,7 @@ void pc_publish(pc_promise *promise) {
     if (outcome < PC_FULFILLED || outcome > PC_CANCELLED) {
         pc_die("pc_publish", "claim holds no outcome", outcome);
     }
-    pc_scope_enter();
+    pc_scope_enter(promise);
     /* No ordering: only a first guess for the CAS below, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->state));
     if ((seen & PC_OUTCOME_MASK) != PC_PENDING) {

@@ -134,7 +134,7 @@ public class AnyPromise: @unchecked Sendable {
         releaseChildLinks()
         // A settled promise has no observers left; without a parent to let go of either,
         // it owns nothing (the common end of a root), and skips the loop's set-up.
-        if isPending || (!isRoot && settledParentRetain != nil) { releaseOwnedLinksIteratively() }
+        if isPending || (!isRoot && !settledParent.isEmpty) { releaseOwnedLinksIteratively() }
         // Last: the loop above may have read the parent through the link.
         if let parentAddress { HeldMemory.release(parentAddress) }
         // A plain load: nothing else can reach a dying promise's word. Before the rare

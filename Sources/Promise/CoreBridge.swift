@@ -76,17 +76,41 @@ extension AnyPromise {
         UInt(pc_cascade_watch(corePointer))
     }
 
+    /// `watchCascade`, from the frame that runs this promise's deferred handler, holding
+    /// it with the reference its node carried: offers that reference to the first
+    /// `.immediate` child the handler's publish fires (`pc_cascade_watch_offering`).
+    @inlinable
+    final func watchCascadeOfferingReference() -> UInt {
+        UInt(pc_cascade_watch_offering(corePointer))
+    }
+
     /// Whether the watched promise fired an `.immediate` child on this thread; restores
     /// the watch `previous` saved (`pc_cascade_watch_end`).
     @inlinable
     static func endCascadeWatch(_ previous: UInt) -> Bool {
-        pc_cascade_watch_end(previous)
+        pc_cascade_watch_end(previous) & UInt(PC_WATCH_FIRED) != 0
+    }
+
+    /// `endCascadeWatch` for `watchCascadeOfferingReference`: also whether a child took
+    /// the reference on offer (then the frame must not release it).
+    @inlinable
+    static func endOfferingCascadeWatch(_ previous: UInt) -> (firedInlineChild: Bool, referenceTaken: Bool) {
+        let seen = pc_cascade_watch_end(previous)
+        return (seen & UInt(PC_WATCH_FIRED) != 0, seen & UInt(PC_WATCH_OFFERED) == 0)
     }
 
     /// Tells the watch that this promise fired an `.immediate` child on this thread.
     @inlinable
     final func noteInlineChildFired() {
         pc_cascade_fired_inline(corePointer)
+    }
+
+    /// `noteInlineChildFired`, for a child that needs a reference to this promise: true if
+    /// it took the one this thread's frame offers (`pc_cascade_fired_inline_taking`), which
+    /// the caller then owns.
+    @inlinable
+    final func noteInlineChildFiredTakingReference() -> Bool {
+        pc_cascade_fired_inline_taking(corePointer)
     }
 
     /// The claim word, as a hint (confirmed by `claim` before acting on it).
@@ -400,12 +424,31 @@ func firstObserverFireDefault(_ node: UnsafeMutablePointer<pc_node>, _ source: U
 /// trampoline, then run.
 func firstObserverFireImmediate(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let owner = AnyPromise.owner(ofNode: node)
-    if source != nil {
-        _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
+    if let source {
+        if callerHoldsThroughDeferredWork(source) {
+            node.pointee.fire = firstObserverRunBorrowed  // the settling call's caller holds it
+        } else {
+            _ = owner.retain()  // for the trampoline: the settler may let the promise go before it runs
+        }
         pc_defer(node)
     } else {
         owner.takeRetainedValue().runFirstObserver()  // deferred: the retain taken above
     }
+}
+
+/// The deferred half of `firstObserverFireImmediate` when the promise's settling call
+/// opened the firing scope (its caller holds the promise until this has run).
+func firstObserverRunBorrowed(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { $0.runFirstObserver() }
+}
+
+/// Whether the call on `source` that fires its observers (its settling call, or a
+/// registration on it once settled) opened this thread's outermost firing scope: then its
+/// caller holds `source` until all the work deferred in that scope has run
+/// (`pc_scope_opened_by`), and deferred work on it needs no reference of its own.
+@inline(__always)
+func callerHoldsThroughDeferredWork(_ source: UnsafeMutablePointer<pc_promise>) -> Bool {
+    pc_scope_opened_by(source)
 }
 
 extension ObserverBox {
@@ -441,8 +484,14 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
         // The box is borrowed from the node's retain, which goes to the trampoline with the
         // node or is released last.
         let queued = box._withUnsafeGuaranteedRef { observer in
-            observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
             let queued = observer.queued
+            if !queued && callerHoldsThroughDeferredWork(source) {
+                // Runs before the settling call returns, whose caller holds the source.
+                observer.sourceRetain = AnyPromise.owner(ofCore: source)
+                node.pointee.fire = observerBoxRunBorrowingSource
+                return false
+            }
+            observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
             if queued { observer.scheduleFire() }  // the work holds the box from here
             return queued
         }
@@ -454,6 +503,12 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     } else {
         box.takeRetainedValue().fire()
     }
+}
+
+/// The deferred half of `observerBoxFire` when the source's settling call opened the
+/// firing scope: `sourceRetain` holds the source unretained.
+func observerBoxRunBorrowingSource(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    CoreLayout.owner(ofFirstField: node, as: ObserverBox.self).takeRetainedValue().fireBorrowingSource()
 }
 
 // MARK: The tree flags, the registry, the forwarding epoch and the holds word

@@ -32,10 +32,7 @@ struct Lineage {
     /// `runDeferred`), so a settled child keeps nothing above it. Written and taken by one
     /// thread at a time: the firing thread sets it, then hands the child to its context or
     /// to its own trampoline, whose thread takes it.
-    /// Held as `Unmanaged` (one retain, taken in `sourceDidSettle`) so that a dying
-    /// promise can pass it on to `releaseOwnedLinksIteratively` without a strong local
-    /// copy that would hide whether the parent is uniquely referenced.
-    @usableFromInline var settledParentRetain: Unmanaged<AnyPromise>?
+    @usableFromInline var settledParent: ParentHold
 
     /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
     /// claimed its outcome from a handler, found no cancel to take from its ancestors;
@@ -49,8 +46,56 @@ struct Lineage {
         let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
         core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0),
                           link: pc_link(), followee: 0)
-        settledParentRetain = nil
+        settledParent = ParentHold.none
         verifiedEpoch = AncestorCheck.unverified
+    }
+}
+
+/// How a child holds the parent its handler reads (`Lineage.settledParent`). Usually a
+/// retain of its own (`owning`). An `.immediate` child, whose handler runs later on the
+/// firing thread, needs none when someone else already holds the parent until then
+/// (`borrowing`): the caller of the settling call that opened this thread's firing scope
+/// (`callerHoldsThroughDeferredWork`). Plain data, so that `Lineage` stays plain data: an
+/// `Unmanaged` (so that a dying promise can pass the retain on to
+/// `releaseOwnedLinksIteratively` without a strong copy that would hide whether the parent
+/// is uniquely referenced) and, in bit 0, whether it is borrowed.
+@usableFromInline
+struct ParentHold {
+    @usableFromInline let word: UInt
+
+    @inlinable init(word: UInt) { self.word = word }
+
+    /// No parent held.
+    @inlinable static var none: ParentHold { ParentHold(word: 0) }
+
+    /// A hold that owns one retain of `parent` (taken by the caller, or handed over).
+    @inlinable
+    static func owning(_ parent: Unmanaged<AnyPromise>) -> ParentHold {
+        ParentHold(word: UInt(bitPattern: parent.toOpaque()))
+    }
+
+    /// A hold on `parent` that someone else's reference keeps valid for as long as the
+    /// hold is used.
+    @inlinable
+    static func borrowing(_ parent: Unmanaged<AnyPromise>) -> ParentHold {
+        ParentHold(word: UInt(bitPattern: parent.toOpaque()) | 1)
+    }
+
+    @inlinable var isEmpty: Bool { word == 0 }
+
+    /// Whether ending the hold releases nothing.
+    @inlinable var isBorrowed: Bool { word & 1 != 0 }
+
+    /// The parent (the hold must not be empty).
+    @inlinable
+    var parent: Unmanaged<AnyPromise> {
+        Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: word & ~1).unsafelyUnwrapped)
+    }
+
+    /// Ends the hold: releases the parent if the hold owns a retain (which may free it).
+    @inlinable
+    func end() {
+        if !isBorrowed { parent.release() }
     }
 }
 
@@ -133,12 +178,22 @@ extension AnyPromise {
             .assumingMemoryBound(to: StoredContext.self).pointee.send(work)
     }
 
-    /// See `Lineage.settledParentRetain`; only for a derived promise (a root has no parent
-    /// to hold: ask `isRoot` first where it may be one).
+    /// See `Lineage.settledParent`; only for a derived promise (a root has no parent to
+    /// hold: ask `isRoot` first where it may be one).
     @inlinable
-    final var settledParentRetain: Unmanaged<AnyPromise>? {
-        get { withLineage { $0.pointee.settledParentRetain } }
-        set { withLineage { $0.pointee.settledParentRetain = newValue } }
+    final var settledParent: ParentHold {
+        get { withLineage { $0.pointee.settledParent } }
+        set { withLineage { $0.pointee.settledParent = newValue } }
+    }
+
+    /// Takes `settledParent`, leaving none: the caller ends the hold.
+    @inlinable
+    final func takeSettledParent() -> ParentHold {
+        withLineage { lineage in
+            let hold = lineage.pointee.settledParent
+            lineage.pointee.settledParent = .none
+            return hold
+        }
     }
 
     /// See `Lineage.verifiedEpoch`; `AncestorCheck.noAncestors` for a root.

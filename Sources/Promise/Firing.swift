@@ -29,7 +29,10 @@ func promiseNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
             }
         }
     } else {
-        owner.takeRetainedValue().runDeferred()
+        // The node's retain keeps the owner alive while its handler runs, and goes to the
+        // first `.immediate` child its publish fires if one takes it (`runDeferred`).
+        let handedOn = owner._withUnsafeGuaranteedRef { $0.runDeferred() }
+        if !handedOn { owner.release() }
     }
 }
 
@@ -41,22 +44,32 @@ extension AnyPromise {
     final func sourceDidSettle(_ source: AnyPromise, retained: Unmanaged<AnyPromise>) {
         switch role {
         case .continuation:
-            // Held until the handler is done (see `settledParentRetain`).
-            settledParentRetain = Unmanaged.passRetained(source)
             if runsHandlerInline {
-                // Its handler runs later in this cascade, and may look up through the
-                // source's parent (see `keepParentUntilCascadeEnds`).
-                source.noteInlineChildFired()
+                // Held until the handler is done (see `settledParent`), which runs later on
+                // this thread: by the reference of the frame running the source's own
+                // handler if it offers it (that frame returns first); else by the caller of
+                // the source's settling call if it opened the firing scope; else by a
+                // retain of our own. The fire also tells the cascade watch: our handler
+                // may look up through the source's parent (`keepParentUntilCascadeEnds`).
+                let source = Unmanaged.passUnretained(source)
+                if source._withUnsafeGuaranteedRef({ $0.noteInlineChildFiredTakingReference() }) {
+                    settledParent = .owning(source)
+                } else if callerHoldsThroughDeferredWork(source._withUnsafeGuaranteedRef { $0.corePointer }) {
+                    settledParent = .borrowing(source)
+                } else {
+                    settledParent = .owning(source.retain())
+                }
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
             }
+            settledParent = .owning(Unmanaged.passRetained(source))  // until the handler is done
             if source.carriesCancelForDescendants {
                 // The error side goes to the context now, in registration order with the
                 // other observers on it; cancelling this child itself is deferred (stack
                 // safety) but still happens before the settling call returns.
                 if source.isCancelled, continuation?.hasErrorSide == true {
                     errorSideDispatched = true
-                    // The work holds the parent itself: `settledParentRetain` stays with
+                    // The work holds the parent itself: `settledParent` stays with
                     // this thread's deferred half, which drops it (rare: one allocation
                     // more for the closure's two captures).
                     sendToContext { [source] in self.runContinuation(parent: source) }
@@ -88,41 +101,48 @@ extension AnyPromise {
     }
 
     /// The deferred half of `sourceDidSettle`, on the same thread, after the firing that
-    /// triggered it returned.
+    /// triggered it returned. The caller holds this promise with the reference its node
+    /// carried; true if that reference went to an `.immediate` child (see
+    /// `runContinuationTakingParent`), which then owns it.
     @usableFromInline
-    final func runDeferred() {
+    final func runDeferred() -> Bool {
         switch role {
         case .continuation:
             // The common case first, without a strong copy of the parent (a retain and a
             // release) or building an optional error: no cancel to pass down.
-            let cancelToPassDown = settledParentRetain?._withUnsafeGuaranteedRef { $0.carriesCancelForDescendants } ?? false
-            guard cancelToPassDown, let parentRetain = settledParentRetain.take(),
-                  let reason = parentRetain._withUnsafeGuaranteedRef({ $0.cancelReasonForDescendants }) else {
-                runContinuationTakingParent()
-                return
+            let held = settledParent
+            guard !held.isEmpty, let reason = held.parent._withUnsafeGuaranteedRef({ parent in
+                parent.carriesCancelForDescendants ? parent.cancelReasonForDescendants : nil
+            }) else {
+                return runContinuationTakingParent(offeringReference: true)
             }
-            // The hold on the parent is this thread's from here (taken above): released
-            // when this returns, after the handler's error side if it runs here.
-            let parent = parentRetain.takeRetainedValue()
-            // Cancellation flows down at once, whatever context the handler runs on. A
-            // cancelled parent still gives the handler its error side, for clean-up; a
-            // settled parent whose cancel is being forwarded gives it nothing to run.
-            cancel(reason: reason)
-            if errorSideDispatched { return }  // already on its context: do not touch it here
-            guard runsHandlerInline, parent.isCancelled, continuation?.hasErrorSide == true else {
-                continuation = nil  // releases the handler unrun
-                return
+            // The hold on the parent is this thread's from here: ended when this returns,
+            // after the handler's error side if it runs here.
+            let hold = takeSettledParent()
+            defer { hold.end() }
+            return hold.parent._withUnsafeGuaranteedRef { parent in
+                // Cancellation flows down at once, whatever context the handler runs on. A
+                // cancelled parent still gives the handler its error side, for clean-up; a
+                // settled parent whose cancel is being forwarded gives it nothing to run.
+                cancel(reason: reason)
+                if errorSideDispatched { return false }  // already on its context: do not touch it here
+                guard runsHandlerInline, parent.isCancelled, continuation?.hasErrorSide == true else {
+                    continuation = nil  // releases the handler unrun
+                    return false
+                }
+                runContinuation(parent: parent)  // immediate: the error side inline
+                return false
             }
-            runContinuation(parent: parent)  // immediate: the error side inline
         case .following:
             role = .idle
             publishClaimedOutcome()
+            return false
         case .idle:
             preconditionFailure("CPromiseCore deferred an idle node")
         }
     }
 
-    /// Runs the continuation with the parent that `settledParentRetain` holds, then drops
+    /// Runs the continuation with the parent that `settledParent` holds, then drops
     /// that hold: a settled child keeps nothing above it. Only for the thread the firing
     /// handed the child to (its context, or the settling thread's trampoline).
     ///
@@ -131,14 +151,23 @@ extension AnyPromise {
     /// later in the cascade and may look up through it. A step that ends a branch (the
     /// last `then` of a `sequence` step) frees its parent, and the parent's value, at once;
     /// a queued child held its path itself when it went in flight.
-    @usableFromInline
-    final func runContinuationTakingParent() {
-        guard let parentRetain = settledParentRetain.take() else { return }
-        let previousWatch = watchCascade()
-        parentRetain._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
-        let firedInlineChild = AnyPromise.endCascadeWatch(previousWatch)
-        if firedInlineChild && keepParentUntilCascadeEnds(parentRetain) { return }
-        parentRetain.release()  // may free the parent, and iteratively the chain above it
+    ///
+    /// - Parameter offeringReference: true from the frame that runs this promise's deferred
+    ///   node holding it with the node's reference: the first `.immediate` child this
+    ///   publish fires takes that reference instead of retaining (`pc_cascade_watch_offering`).
+    /// - Returns: whether a child took it (then the caller must not release it).
+    @usableFromInline @discardableResult
+    final func runContinuationTakingParent(offeringReference: Bool = false) -> Bool {
+        let hold = takeSettledParent()
+        guard !hold.isEmpty else { return false }
+        let previousWatch = offeringReference ? watchCascadeOfferingReference() : watchCascade()
+        hold.parent._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
+        let (firedInlineChild, referenceTaken) = AnyPromise.endOfferingCascadeWatch(previousWatch)
+        let handedOn = offeringReference && referenceTaken
+        // A borrowed parent is held by the call that opened the scope, until the cascade ends.
+        if firedInlineChild && !hold.isBorrowed && keepParentUntilCascadeEnds(hold.parent) { return handedOn }
+        hold.end()  // may free the parent, and iteratively the chain above it
+        return handedOn
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first

@@ -5,7 +5,7 @@ import CPromiseCore
 // who keeps whom, from when until when, is in the threading article ("The lifetime model:
 // who keeps whom"); this file is its code.
 //
-// - A child the parent fired holds the parent (`settledParentRetain`, Firing.swift) until
+// - A child the parent fired holds the parent (`settledParent`, Firing.swift) until
 //   its handler is done with the parent's outcome.
 // - A promise *in flight* (pending below a settled parent, with work still to come: a
 //   handler queued on a context, a promise it follows, a hand-off, a lock-in) enters

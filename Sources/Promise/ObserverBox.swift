@@ -10,8 +10,8 @@ import CPromiseCore
 @usableFromInline
 class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
-    /// The promise that settled, retained; set when the node fires, taken when the box
-    /// runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
+    /// The promise that settled, retained (unretained when the fire callback says so:
+    /// `fireBorrowingSource`); set when the node fires, taken when the box runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
     @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
     /// True if the box runs on a context (`scheduleFire`), false for `.immediate`. A
     /// property of the kind of box (overridden), not a stored flag: the flag's padding
@@ -33,6 +33,14 @@ class ObserverBox: @unchecked Sendable {
         let settled = sourceRetain.unsafelyUnwrapped.takeRetainedValue()
         sourceRetain = nil
         run(settled)
+    }
+
+    /// `fire`, when `sourceRetain` holds the source unretained (its settling call's caller
+    /// holds it until this has run: see `observerBoxFire`).
+    final func fireBorrowingSource() {
+        let settled = sourceRetain.unsafelyUnwrapped
+        sourceRetain = nil
+        settled._withUnsafeGuaranteedRef { run($0) }
     }
 
     deinit {

@@ -40,9 +40,10 @@ extension AnyPromise {
         func stealLinks(of promise: AnyPromise) {
             // Only `self` can be pending here: the loop below steals settled parents.
             if let observers = promise.detachObservers() { promise.breakObservers(observers) }
-            if !promise.isRoot, let parent = promise.settledParentRetain {
-                promise.settledParentRetain = nil
-                release(parent)  // its link up holds the memory: `parent` answers nil once it died
+            if !promise.isRoot {
+                let hold = promise.takeSettledParent()
+                // Its link up holds the memory: `parent` answers nil once it died.
+                if !hold.isEmpty && !hold.isBorrowed { release(hold.parent) }
             }
         }
 

@@ -1475,6 +1475,19 @@ static void test_cascade_watch(verdict *v) {
     saved = pc_cascade_watch(&inner);
     CHECK(v, !pc_cascade_watch_end(saved), "the inner promise did not fire");
     CHECK(v, pc_cascade_watch_end(0), "the outer one's fire survives the nested watch");
+
+    /* The reference on offer goes to the first child that takes, once. */
+    none = pc_cascade_watch_offering(&outer);
+    pc_cascade_fired_inline(&outer); /* a plain fire counts, but takes nothing */
+    CHECK(v, !pc_cascade_fired_inline_taking(&other), "another promise's child takes nothing");
+    CHECK(v, pc_cascade_fired_inline_taking(&outer), "the first child takes the reference");
+    CHECK(v, !pc_cascade_fired_inline_taking(&outer), "a second child takes nothing");
+    CHECK(v, pc_cascade_watch_end(none) == PC_WATCH_FIRED, "the frame sees it fired and taken");
+    none = pc_cascade_watch_offering(&outer);
+    saved = pc_cascade_watch(&inner);
+    CHECK(v, !pc_cascade_fired_inline_taking(&inner), "a plain watch offers nothing");
+    CHECK(v, pc_cascade_watch_end(saved) == PC_WATCH_FIRED, "but counts the fire");
+    CHECK(v, pc_cascade_watch_end(none) == PC_WATCH_OFFERED, "the outer offer survives, untaken");
 }
 
 /* In order: enters and leaves, the request, and nothing retired twice or while inside. */

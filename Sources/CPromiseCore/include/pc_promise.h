@@ -63,12 +63,13 @@
  *                   outside a trampoline scope)      O(1), an allocation past 32 kept)
  *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
  *   pc_cascade_*    any thread, watch/end paired     wait-free (thread-local)
+ *   pc_scope_opened_by  any thread                   wait-free (thread-local)
  *   pc_detach       only the owner's deinit          wait-free (one load)
  *
  * Synchronisation table (liburcu style): which calls need external synchronisation
  * against which. pc_claimed and pc_state are reads and race with nothing; pc_defer,
- * pc_keep_until_cascade_end, pc_inline_* and pc_cascade_* touch only the calling
- * thread's trampoline.
+ * pc_keep_until_cascade_end, pc_inline_*, pc_cascade_* and pc_scope_opened_by touch only
+ * the calling thread's trampoline.
  *
  *                   pc_observe  pc_claim  pc_publish  pc_prune    pc_state  pc_detach
  *   pc_observe      no          no        no          no          no        yes (owner alive)
@@ -284,17 +285,32 @@ bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull relea
  * cascade). pc_cascade_watch(p) starts watching p and returns a token for the watch it
  * replaces (the promise watched before, and whether it had fired); a fire callback calls
  * pc_cascade_fired_inline(source) when it defers an `.immediate` child of `source`;
- * pc_cascade_watch_end(token) returns whether the watched promise fired one, and
- * restores the watch the token saved. Thread-local: only this thread's fires count (a
- * promise settled by another thread meanwhile fired its children there).
+ * pc_cascade_watch_end(token) returns what the watch saw (PC_WATCH_* bits), and restores
+ * the watch the token saved. Thread-local: only this thread's fires count (a promise
+ * settled by another thread meanwhile fired its children there).
+ *
+ * The watch also hands on a reference. A deferred node's owner runs its handler kept
+ * alive by the one reference its node carried, which the frame running it releases when
+ * the handler returns; each `.immediate` child its publish fires needs a reference to it
+ * (its parent, held until the child's handler has read the outcome), and their handlers
+ * run later, after that frame returned. So such a frame watches with
+ * pc_cascade_watch_offering: the first child to call pc_cascade_fired_inline_taking(source)
+ * takes the frame's reference (true) instead of retaining, and the frame, seeing
+ * PC_WATCH_OFFERED gone, does not release it: one retain and one release fewer per step
+ * of an inline chain, both atomic read-modify-writes.
  */
-/* Inline (one thread-local word: the watched promise, bit 0 set once it fired), since
- * the cascade watch runs on every inline step of a chain. */
+#define PC_WATCH_FIRED 1u   /* the watched promise fired an `.immediate` child */
+#define PC_WATCH_OFFERED 2u /* its frame's reference is on offer, not taken yet */
+
+/* Inline (one thread-local word: the watched promise, word-aligned, and the PC_WATCH_*
+ * bits), since the cascade watch runs on every inline step of a chain. */
 #if defined(__GNUC__) || defined(__clang__)
 extern __thread uintptr_t pc_cascade_watch_word; /* C and C++ alike: no TLS wrapper function */
 #else
 extern _Thread_local uintptr_t pc_cascade_watch_word;
 #endif
+
+#define PC_WATCH_BITS ((uintptr_t)(PC_WATCH_FIRED | PC_WATCH_OFFERED))
 
 static inline uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise) {
     uintptr_t token = pc_cascade_watch_word;
@@ -302,17 +318,44 @@ static inline uintptr_t pc_cascade_watch(const pc_promise *_Nonnull promise) {
     return token;
 }
 
+static inline uintptr_t pc_cascade_watch_offering(const pc_promise *_Nonnull promise) {
+    uintptr_t token = pc_cascade_watch_word;
+    pc_cascade_watch_word = (uintptr_t)promise | PC_WATCH_OFFERED;
+    return token;
+}
+
 static inline void pc_cascade_fired_inline(const pc_promise *_Nonnull source) {
-    if ((pc_cascade_watch_word & ~(uintptr_t)1u) == (uintptr_t)source) {
-        pc_cascade_watch_word |= 1u;
+    if ((pc_cascade_watch_word & ~PC_WATCH_BITS) == (uintptr_t)source) {
+        pc_cascade_watch_word |= PC_WATCH_FIRED;
     }
 }
 
-static inline bool pc_cascade_watch_end(uintptr_t token) {
-    bool fired = (pc_cascade_watch_word & 1u) != 0;
-    pc_cascade_watch_word = token;
-    return fired;
+/* pc_cascade_fired_inline, for a child that takes the reference on offer if there is one
+ * (true: the caller owns that reference from now on). */
+static inline bool pc_cascade_fired_inline_taking(const pc_promise *_Nonnull source) {
+    uintptr_t word = pc_cascade_watch_word;
+    if ((word & ~PC_WATCH_BITS) != (uintptr_t)source) {
+        return false;
+    }
+    pc_cascade_watch_word = (word & ~(uintptr_t)PC_WATCH_OFFERED) | PC_WATCH_FIRED;
+    return (word & PC_WATCH_OFFERED) != 0;
 }
+
+static inline uintptr_t pc_cascade_watch_end(uintptr_t token) {
+    uintptr_t seen = pc_cascade_watch_word & PC_WATCH_BITS;
+    pc_cascade_watch_word = token;
+    return seen;
+}
+
+/*
+ * Whether a call on `promise` (its pc_publish, pc_observe or pc_inline_begin) opened this
+ * thread's outermost trampoline scope, which is still open. Then the caller of that call
+ * holds `promise` until the scope has run all the work deferred in it, so a fire callback
+ * that defers work reading `promise` needs no reference of its own for that work: one
+ * retain and one release fewer per deferred observer when a promise is settled or observed
+ * from outside any firing (the common case: `p.fulfill(x)` in the code that made `p`).
+ */
+bool pc_scope_opened_by(const pc_promise *_Nonnull promise);
 
 /*
  * For an observer that would fire at once (the promise settled and quiescent) and
