@@ -101,29 +101,37 @@ struct ParentHold {
 
 /// A promise with a parent: made by a continuation (`then`, `recover`...) or as
 /// `timeout`'s child. Users see it as the `Promise<Value>` it is; only the layout differs.
+/// This class is the child whose handler runs `.immediate` (or that has no handler): it
+/// stores no context. A handler on any other context makes a `ContextDerivedPromise`,
+/// which adds one (`DerivedPromise.make` picks). Not `final`, for that subclass; every
+/// member is.
 @usableFromInline
-final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
+class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     @usableFromInline @exclusivity(unchecked) final var lineage: Lineage
 
-    /// Where `continuation` runs, unless it runs `.immediate` (then nothing is stored:
-    /// such handlers run inline through the core's trampoline, `runsHandlerInline`).
-    /// Not in `Lineage`, whose fields `AnyPromise`'s deinit still reads: this one is
-    /// destroyed by our own deinit, if it was never sent.
-    @usableFromInline @exclusivity(unchecked) final var context = StoredContext()
+    /// A child created by a continuation, on `context`, registered on `parent` at once.
+    /// Inlinable, so that the continuation methods, specialised in the caller, allocate a
+    /// class whose metadata they know (unspecialised, each `then` would look it up).
+    @inlinable
+    static func make(parent: __shared AnyPromise, context: any ExecutionContext,
+                     continuation: consuming StoredHandler) -> DerivedPromise<Value> {
+        // `.immediate` needs nothing stored: such handlers run inline through the core's
+        // trampoline (`runsHandlerInline`).
+        if context.isImmediate {
+            return DerivedPromise(parent: parent, runsHandlerInline: true, continuation: continuation)
+        }
+        return ContextDerivedPromise(parent: parent, context: context, continuation: continuation)
+    }
 
-    /// A child created by a continuation: registered on `parent` at once.
+    /// A child created by a continuation, registered on `parent` at once; a subclass has
+    /// stored what the handler needs before (a parent may fire it as soon as it is in the
+    /// parent's list).
     @usableFromInline
-    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
+    init(parent: __shared AnyPromise, runsHandlerInline: Bool, continuation: consuming StoredHandler) {
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
-        // `.immediate` is there already: skip the existential's generic assignment (and a
-        // helper taking the existential as an argument would copy it: measured).
-        if context.isImmediate {
-            runsHandlerInline = true
-        } else {
-            self.context = StoredContext(context)
-        }
+        self.runsHandlerInline = runsHandlerInline
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`
         // around that call.
@@ -139,24 +147,39 @@ final class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable
         checkLineageOffset()
     }
 
-    deinit {
-        context.destroy()  // a handler that never went to its context
-    }
-
     private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
         slot.initialize(to: .some(continuation))
     }
 
-    /// Debug builds: `DerivedLayout` finds `lineage` and `context` where they are, and
-    /// `Lineage` is plain data (`AnyPromise`'s deinit reads it after this class's fields
-    /// were destroyed; it never touches `context`, which was).
+    /// Debug builds: `DerivedLayout` finds `lineage` where it is, and `Lineage` is plain
+    /// data (`AnyPromise`'s deinit reads it after this class's fields were destroyed).
     private func checkLineageOffset() {
         assert(_isPOD(Lineage.self), "Lineage must stay plain data: AnyPromise's deinit reads it last")
         let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         assert(withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.lineageOffset,
                "DerivedPromise<\(Value.self)> keeps its lineage at another offset: see AnyPromiseStoredProperties")
-        assert(withUnsafeMutablePointer(to: &context) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.contextOffset,
-               "DerivedPromise<\(Value.self)> keeps its context at another offset")
+    }
+}
+
+/// A derived promise whose handler runs on a context other than `.immediate`: it keeps
+/// that context until the handler is sent to it.
+@usableFromInline
+final class ContextDerivedPromise<Value: Sendable>: DerivedPromise<Value>, @unchecked Sendable {
+    /// Where `continuation` runs. Not in `Lineage`, whose fields `AnyPromise`'s deinit
+    /// still reads: this one is destroyed by our own deinit, if it was never sent.
+    @exclusivity(unchecked) final var context: StoredContext
+
+    @usableFromInline
+    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
+        self.context = StoredContext(context)
+        super.init(parent: parent, runsHandlerInline: false, continuation: continuation)
+        let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
+        assert(withUnsafeMutablePointer(to: &self.context) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.contextOffset,
+               "ContextDerivedPromise<\(Value.self)> keeps its context at another offset")
+    }
+
+    deinit {
+        context.destroy()  // a handler that never went to its context
     }
 }
 
@@ -171,9 +194,10 @@ extension AnyPromise {
     }
 
     /// Hands `work` to this derived promise's context, which it moves out (no copy, so
-    /// no retain and release of a queue): a handler is sent to its context once.
+    /// no retain and release of a queue): a handler is sent to its context once. Only for
+    /// a `ContextDerivedPromise` (`!runsHandlerInline`).
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
-        assert(!isRoot, "a root has no handler context")
+        assert(!isRoot && !runsHandlerInline, "only a ContextDerivedPromise has a handler context")
         (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
             .assumingMemoryBound(to: StoredContext.self).pointee.send(work)
     }
@@ -264,7 +288,7 @@ enum DerivedLayout {
         aligned(CoreLayout.headerSize + MemoryLayout<AnyPromiseStoredProperties>.size, to: MemoryLayout<Lineage>.alignment)
     }
 
-    /// `DerivedPromise.context`, from the object's address.
+    /// `ContextDerivedPromise.context`, from the object's address.
     @inlinable
     static var contextOffset: Int {
         aligned(lineageOffset + MemoryLayout<Lineage>.size, to: MemoryLayout<StoredContext>.alignment)

@@ -28,7 +28,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> U
     ) -> Promise<U> {
-        DerivedPromise<U>(parent: self, context: context, continuation: .map(body))
+        DerivedPromise<U>.make(parent: self, context: context, continuation: .map(body))
     }
 
     /// Chains work that returns a promise (flatMap): the child follows it.
@@ -44,7 +44,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> Promise<U>
     ) -> Promise<U> {
-        DerivedPromise<U>(parent: self, context: context, continuation: .flatMap(body))
+        DerivedPromise<U>.make(parent: self, context: context, continuation: .flatMap(body))
     }
 
     /// RXPromise's two-handler form: one handler for each outcome, both producing a `U`.
@@ -63,7 +63,7 @@ extension Promise {
         _ onFulfilled: @escaping @Sendable (Value) throws -> U,
         _ onRejected: @escaping @Sendable (any Error) throws -> U
     ) -> Promise<U> {
-        DerivedPromise<U>(parent: self, context: context,
+        DerivedPromise<U>.make(parent: self, context: context,
                    continuation: .both(onFulfilled, onRejected))
     }
 
@@ -77,7 +77,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> U
     ) -> Promise<U> {
-        DerivedPromise<U>(parent: self, context: context, continuation: .map(body))
+        DerivedPromise<U>.make(parent: self, context: context, continuation: .map(body))
     }
 
     /// Chains a promise-returning step (the unambiguous spelling of `then` returning a
@@ -91,7 +91,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> Promise<U>
     ) -> Promise<U> {
-        DerivedPromise<U>(parent: self, context: context, continuation: .flatMap(body))
+        DerivedPromise<U>.make(parent: self, context: context, continuation: .flatMap(body))
     }
 
     /// Turns a rejection into a value: the error is handled and the child fulfils.
@@ -108,7 +108,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) throws -> Value
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .recover(body))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .recover(body))
     }
 
     /// Turns a rejection into another promise that the child follows.
@@ -121,7 +121,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) throws -> Promise<Value>
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .flatRecover(body))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .flatRecover(body))
     }
 
     /// Replaces a rejection's error; values pass through.
@@ -134,7 +134,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) -> any Error
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .mapError(Value.self, body))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .mapError(Value.self, body))
     }
 
     /// Observes a rejection (or cancellation) without handling it: the child settles
@@ -148,7 +148,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) -> Void
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .tapError(Value.self, body))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .tapError(Value.self, body))
     }
 
     /// Runs `body` whatever the outcome (fulfilled, rejected or cancelled); the child
@@ -163,7 +163,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable () -> Void
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .always(Value.self, body))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .always(Value.self, body))
     }
 
     /// Checks the value: `false` rejects the child with `PromiseError.validationFailure`,
@@ -177,7 +177,7 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ predicate: @escaping @Sendable (Value) throws -> Bool
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: context, continuation: .validate(predicate))
+        DerivedPromise<Value>.make(parent: self, context: context, continuation: .validate(predicate))
     }
 
     /// Observes the outcome without creating a child promise: the cheapest way to

@@ -164,7 +164,7 @@ extension Promise {
     private func delay(
         startingTimer startTimer: @escaping @Sendable (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
     ) -> Promise<Value> {
-        DerivedPromise<Value>(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
+        DerivedPromise<Value>.make(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
             let timer = startTimer { child.fulfill(value) }
             child.whenComplete(on: .immediate) { _ in timer.cancel() }
         })
