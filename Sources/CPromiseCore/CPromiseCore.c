@@ -19,6 +19,7 @@
 
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
+_Static_assert(_Alignof(pc_promise) >= 4, "the cascade watch word uses two low bits of an address");
 _Static_assert(offsetof(pc_promise, state) == 0, "state word first");
 /* Ten words, on 64-bit and 32-bit targets alike (make test-core-32 builds it so). A
  * derived promise adds its four-word pc_lineage. */
@@ -53,8 +54,10 @@ static void pc_die(const char *function, const char *what, uintptr_t word) {
 
 /*
  * Thread-local FIFO of deferred nodes, and the references kept until the cascade ends.
- * `depth` counts the pc_publish / pc_observe scopes active on this thread; the one that
- * brings it back to zero drains both. Only this thread touches them: no atomics.
+ * `depth` counts the pc_publish / pc_observe / pc_inline_begin scopes active on this
+ * thread; the one that brings it back to zero drains both. `opener` is the promise whose
+ * call opened the outermost scope (pc_scope_opened_by). Only this thread touches them: no
+ * atomics.
  */
 typedef struct {
     pc_release_fn release;

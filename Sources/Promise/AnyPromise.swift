@@ -93,8 +93,9 @@ public class AnyPromise: @unchecked Sendable {
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
     /// A derived promise whose handler runs on `.immediate` (inline, through the
-    /// trampoline): set once, before the promise is shared. Not read off the stored
-    /// context, which moves out when the handler is sent (and costs more to reach).
+    /// trampoline), or that has no handler: it stores no context (it is no
+    /// `ContextDerivedPromise`). Set once, before the promise is shared. Not read off the
+    /// stored context, which moves out when the handler is sent (and costs more to reach).
     @usableFromInline @exclusivity(unchecked) final var runsHandlerInline = false
     /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
     /// `whenComplete` (see `claimFirstObserverSlot`).

@@ -388,7 +388,8 @@ extension AnyPromise {
     /// callback says which. The node carries no retain:
     /// a promise does not keep itself alive (it would never be freed while pending).
     /// Firing takes one for as long as the observer waits for its context or the
-    /// trampoline; a promise that dies pending moves the unrun observer to a box on a
+    /// trampoline, unless the settling call opened the firing scope (then its caller holds
+    /// the promise until the observer has run: `callerHoldsThroughDeferredWork`); a promise that dies pending moves the unrun observer to a box on a
     /// broken stand-in (`breakObservers`), which runs it with `PromiseError.brokenPromise`.
     ///
     /// `immediate` true for `.immediate`, false for `.default`.
@@ -487,11 +488,11 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
             let queued = observer.queued
             if !queued && callerHoldsThroughDeferredWork(source) {
                 // Runs before the settling call returns, whose caller holds the source.
-                observer.sourceRetain = AnyPromise.owner(ofCore: source)
+                observer.heldSource = AnyPromise.owner(ofCore: source)
                 node.pointee.fire = observerBoxRunBorrowingSource
                 return false
             }
-            observer.sourceRetain = AnyPromise.owner(ofCore: source).retain()
+            observer.heldSource = AnyPromise.owner(ofCore: source).retain()
             if queued { observer.scheduleFire() }  // the work holds the box from here
             return queued
         }
@@ -506,7 +507,7 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
 }
 
 /// The deferred half of `observerBoxFire` when the source's settling call opened the
-/// firing scope: `sourceRetain` holds the source unretained.
+/// firing scope: `heldSource` holds the source unretained.
 func observerBoxRunBorrowingSource(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     CoreLayout.owner(ofFirstField: node, as: ObserverBox.self).takeRetainedValue().fireBorrowingSource()
 }

@@ -4,15 +4,17 @@ import CPromiseCore
 // no link up, no holds on a path, no parent held while a handler reads it and no ancestor
 // check to record: those live in `Lineage`, which only a derived promise (`then` and the
 // other continuations, `timeout`'s child) has, in the class `DerivedPromise` adds below
-// `Promise`. Code that does not know the value type reaches it through `AnyPromise`'s
-// accessors here, after checking `isRoot`.
+// `Promise`; a child whose handler runs on a context other than `.immediate` is a
+// `ContextDerivedPromise`, which adds that context. Code that does not know the value type
+// reaches them through `AnyPromise`'s accessors here, after checking `isRoot` (and
+// `runsHandlerInline`, for the context).
 //
-// How: `Promise<Value>` has no stored property of its own, so `DerivedPromise`'s own
-// (`lineage`, then `context`) sit at the same offsets in every `DerivedPromise`, whatever
-// its `Value`, right after `AnyPromise`'s. `DerivedLayout` computes those offsets from a
+// How: `Promise<Value>` has no stored property of its own, so `DerivedPromise`'s `lineage`,
+// and `ContextDerivedPromise`'s `context` after it, sit at the same offsets whatever the
+// `Value`, right after `AnyPromise`'s fields. `DerivedLayout` computes those offsets from a
 // struct that mirrors `AnyPromise`'s stored properties (Swift lays out a class's stored
 // properties as it lays out a struct's), and debug builds check every derived promise
-// against them (`DerivedPromise.init`). The accessors reach the fields from the object's
+// against them (the initialisers of both classes). The accessors reach the fields from the object's
 // address, as `corePointer` reaches `core`: no formal access to a whole property (which
 // ThreadSanitizer would see as a write by each thread that takes its address).
 
@@ -145,6 +147,7 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
+        runsHandlerInline = true  // no handler, and no context stored: see the flag
     }
 
     private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {

@@ -114,6 +114,9 @@ extension AnyPromise {
             guard !held.isEmpty, let reason = held.parent._withUnsafeGuaranteedRef({ parent in
                 parent.carriesCancelForDescendants ? parent.cancelReasonForDescendants : nil
             }) else {
+                // A child on a context is deferred only to take its parent's cancel, whose
+                // reason is stored before the flag that sent it here.
+                assert(runsHandlerInline, "a child on a context deferred with no cancel to take")
                 return runContinuationTakingParent(offeringReference: true)
             }
             // The hold on the parent is this thread's from here: ended when this returns,
@@ -148,7 +151,8 @@ extension AnyPromise {
     ///
     /// Inside a cascade the parent is kept until the cascade ends only if the handler's
     /// publish fired `.immediate` children on this thread (the cascade watch): they run
-    /// later in the cascade and may look up through it. A step that ends a branch (the
+    /// later in the cascade and may look up through it. (A borrowed parent needs no
+    /// keeping: the call that opened the cascade holds it until the cascade ends.) A step that ends a branch (the
     /// last `then` of a `sequence` step) frees its parent, and the parent's value, at once;
     /// a queued child held its path itself when it went in flight.
     ///

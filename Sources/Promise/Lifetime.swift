@@ -16,7 +16,8 @@ import CPromiseCore
 //   claims (`cancelReasonFromAncestors`, Promise+Cancellation.swift). So that it finds
 //   every live ancestor, the cascade keeps what the path needs until it ends: a step whose
 //   publish fired `.immediate` children keeps its parent, a root too
-//   (`keepParentUntilCascadeEnds`), and a promise in flight whose publish did keeps its
+//   (`keepParentUntilCascadeEnds`; a parent it borrows is kept by the call that opened
+//   the cascade, until it ends), and a promise in flight whose publish did keeps its
 //   holds (`publishLeavingFlight`, CoreBridge.swift).
 // - A side branch settled early (by its holder, or by the promise `resolve(with:)` made it
 //   follow) keeps its parent from before its claim through its cascade

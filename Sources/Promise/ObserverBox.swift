@@ -10,9 +10,10 @@ import CPromiseCore
 @usableFromInline
 class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
-    /// The promise that settled, retained (unretained when the fire callback says so:
-    /// `fireBorrowingSource`); set when the node fires, taken when the box runs. (`Unmanaged`: storing into a strong optional would also release the old nil.)
-    @usableFromInline @exclusivity(unchecked) final var sourceRetain: Unmanaged<AnyPromise>?
+    /// The promise that settled: retained, or borrowed when the fire callback says so
+    /// (`fireBorrowingSource`); set when the node fires, taken when the box runs.
+    /// (`Unmanaged`: storing into a strong optional would also release the old nil.)
+    @usableFromInline @exclusivity(unchecked) final var heldSource: Unmanaged<AnyPromise>?
     /// True if the box runs on a context (`scheduleFire`), false for `.immediate`. A
     /// property of the kind of box (overridden), not a stored flag: the flag's padding
     /// cost 16 bytes per box.
@@ -30,21 +31,23 @@ class ObserverBox: @unchecked Sendable {
 
     /// Runs the observation once, after `source` settled (on the context if `queued`).
     final func fire() {
-        let settled = sourceRetain.unsafelyUnwrapped.takeRetainedValue()
-        sourceRetain = nil
+        let settled = heldSource.unsafelyUnwrapped.takeRetainedValue()
+        heldSource = nil
         run(settled)
     }
 
-    /// `fire`, when `sourceRetain` holds the source unretained (its settling call's caller
+    /// `fire`, when `heldSource` holds the source unretained (its settling call's caller
     /// holds it until this has run: see `observerBoxFire`).
     final func fireBorrowingSource() {
-        let settled = sourceRetain.unsafelyUnwrapped
-        sourceRetain = nil
+        let settled = heldSource.unsafelyUnwrapped
+        heldSource = nil
         settled._withUnsafeGuaranteedRef { run($0) }
     }
 
     deinit {
-        sourceRetain?.release()  // fired, but its context dropped the work unrun
+        // Fired, but its context dropped the work unrun: only a queued box can die holding
+        // its source, and a queued box always retains it.
+        heldSource?.release()
     }
 
     @usableFromInline

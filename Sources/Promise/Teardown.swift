@@ -31,7 +31,9 @@ extension AnyPromise {
             // Ours alone: keep the retain for the loop. Its node is in no list, so it serves
             // as our link: a list holding a child's node holds a retain of it, and a root's
             // node (its first observer's, which holds none) has fired, since the root has
-            // settled, and its deferred run or queued work holds a retain while it waits.
+            // settled, and its deferred run or queued work holds a retain while it waits
+            // (or borrows the root from the caller that settled it, which then still holds
+            // it: no such root is uniquely ours here).
             let node = owned._withUnsafeGuaranteedRef { $0.nodePointer }
             node.pointee.next = work
             work = node
@@ -102,9 +104,20 @@ extension AnyPromise {
         // One trampoline scope around the whole list, as a publish has: the observers fire
         // as one batch, in registration order, and inline handlers run after the loop,
         // not from inside it. (Inside another scope already, that scope runs them.)
-        let openedScope = standIn.beginInlineObservation() != nil
-        defer { if openedScope { endInlineObservation() } }
-        node = ordered
+        // Kept alive explicitly until the scope has drained: the `.immediate` observers
+        // moved onto it borrow it (the call that opened the scope is on it), and they run
+        // when the scope ends, after the stand-in's last use in the loop.
+        withExtendedLifetime(standIn) {
+            let openedScope = standIn.beginInlineObservation() != nil
+            defer { if openedScope { endInlineObservation() } }
+            moveObservers(startingAt: ordered, to: standIn, inputDyingAt: dying)
+        }
+    }
+
+    /// `breakObservers`' loop: hands each node, in order, to `standIn`.
+    private final func moveObservers(startingAt first: UnsafeMutablePointer<pc_node>?, to standIn: AnyPromise,
+                                     inputDyingAt dying: UInt) {
+        var node = first
         while let current = node {
             node = current.pointee.next
             if nodeFires(current, through: firstObserverFireImmediate) || nodeFires(current, through: firstObserverFireDefault) {

@@ -1490,6 +1490,68 @@ static void test_cascade_watch(verdict *v) {
     CHECK(v, pc_cascade_watch_end(none) == PC_WATCH_OFFERED, "the outer offer survives, untaken");
 }
 
+/* pc_scope_opened_by: true, while the scope is open, only for the promise whose call
+ * (pc_publish, pc_observe) opened the thread's outermost scope; not for a promise settled
+ * inside it, nor in a bare pc_defer's drain, nor after the call returned. */
+static struct {
+    test_promise outer, inner;
+    pc_node outer_node, inner_node, late_node, bare_node;
+    bool outer_in_fire, other_in_fire, inner_in_nested, outer_in_nested, outer_in_late,
+        any_in_bare;
+} opener;
+
+static void opener_inner_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    if (source != NULL) {
+        opener.inner_in_nested = pc_scope_opened_by(&opener.inner.core);
+        opener.outer_in_nested = pc_scope_opened_by(&opener.outer.core);
+    }
+}
+
+static void opener_outer_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    if (source != NULL) {
+        opener.outer_in_fire = pc_scope_opened_by(&opener.outer.core);
+        opener.other_in_fire = pc_scope_opened_by(&opener.inner.core);
+        (void)settle(&opener.inner, PC_CLAIM_FREE, PC_FULFILLED, 2); /* a nested publish */
+    }
+}
+
+static void opener_late_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    if (source != NULL) {
+        opener.outer_in_late = pc_scope_opened_by(&opener.outer.core);
+    }
+}
+
+static void opener_bare_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    (void)source;
+    opener.any_in_bare = pc_scope_opened_by(&opener.outer.core) || pc_scope_opened_by(&opener.inner.core);
+}
+
+static void test_scope_opener(verdict *v) {
+    memset(&opener, 0, sizeof opener);
+    opener.outer_node.fire = opener_outer_fire;
+    opener.inner_node.fire = opener_inner_fire;
+    opener.late_node.fire = opener_late_fire;
+    opener.bare_node.fire = opener_bare_fire;
+    CHECK(v, !pc_scope_opened_by(&opener.outer.core), "no scope open at first");
+    pc_observe(&opener.outer.core, &opener.outer_node);
+    pc_observe(&opener.inner.core, &opener.inner_node);
+    CHECK(v, settle(&opener.outer, PC_CLAIM_FREE, PC_FULFILLED, 1), "claim on a fresh promise lost");
+    CHECK(v, opener.outer_in_fire, "the settled promise opened the scope of its own publish");
+    CHECK(v, !opener.other_in_fire, "another promise did not open it");
+    CHECK(v, !opener.inner_in_nested, "a promise settled inside the scope did not open it");
+    CHECK(v, opener.outer_in_nested, "the outer promise's scope is still the one open");
+    CHECK(v, !pc_scope_opened_by(&opener.outer.core), "the scope closed with the call");
+    pc_observe(&opener.outer.core, &opener.late_node); /* fires at once: pc_observe opens it */
+    CHECK(v, opener.outer_in_late, "a registration on a settled promise opens its scope");
+    pc_defer(&opener.bare_node);
+    CHECK(v, !opener.any_in_bare, "a bare pc_defer's drain has no opener");
+    CHECK(v, !pc_scope_opened_by(&opener.outer.core), "and nothing is left open");
+}
+
 /* In order: enters and leaves, the request, and nothing retired twice or while inside. */
 static void test_gate_in_order(verdict *v) {
     uintptr_t gate = 0;
@@ -1588,6 +1650,7 @@ int main(void) {
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
     run_test("retirement gate: enters, leaves, one retirement", test_gate_in_order);
     run_test("cascade watch: only the watched promise counts, watches nest", test_cascade_watch);
+    run_test("scope opener: only the outermost call's promise, while open", test_scope_opener);
 
     static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
     const stress_test racing_settlers = {

@@ -122,4 +122,62 @@ final class HoldHandOffTests: XCTestCase {
         XCTAssertNil(weakRoot)
         XCTAssertNil(weakLeaf)
     }
+
+    /// A root dropped pending: its `.immediate` observers and children move to a broken
+    /// stand-in, which opens the firing scope and lends itself to them.
+    func testObserversMovedToABrokenStandInReadItsError() {
+        for _ in 0..<200 {
+            let seen = Recorder<String>()
+            weak var weakChild: Promise<Int>?
+            do {
+                var root: Promise<Int>? = Promise<Int>()
+                root!.whenComplete(on: .immediate) { r in
+                    if case .failure(PromiseError.brokenPromise) = r { seen.append("first") }
+                }
+                root!.whenComplete(on: .immediate) { r in
+                    if case .failure(PromiseError.brokenPromise) = r { seen.append("box") }
+                }
+                let child = root!.then(on: .immediate) { $0 + 1 }.recover(on: .immediate) { _ in 42 }
+                weakChild = child
+                child.then(on: .immediate) { v in seen.append("child\(v)") }
+                root = nil
+            }
+            XCTAssertEqual(seen.values, ["first", "box", "child42"])
+            XCTAssertNil(weakChild)
+        }
+    }
+
+    /// `whenComplete` on a settled promise opens the scope itself: its body chains
+    /// `.immediate` children on that promise after dropping every other reference to it.
+    func testAnInlineObservationLendsThePromiseItObserves() {
+        let seen = Recorder<Int>()
+        for i in 0..<200 {
+            let holder = Holder(Promise(value: i))
+            holder.peek().whenComplete(on: .immediate) { _ in
+                let p = holder.peek()
+                holder.drop()
+                p.then(on: .immediate) { $0 * 2 }.then(on: .immediate) { seen.append($0) }
+            }
+        }
+        XCTAssertEqual(seen.values, (0..<200).map { $0 * 2 })
+    }
+
+    /// A cancel from outside opens the scope: the cancelled root lends itself to the
+    /// children it cancels, whose error sides still run (for clean-up).
+    func testACancelLendsThePromiseItCancels() {
+        let seen = Recorder<String>()
+        for _ in 0..<200 {
+            let holder = Holder(Promise<Int>())
+            let leaf = holder.peek().then(on: .immediate) { $0 }
+                .recover(on: .immediate) { error in seen.append(error is CancellationError ? "clean-up" : "?"); return 7 }
+                .then(on: .immediate) { $0 + 1 }
+            leaf.whenComplete(on: .immediate) { r in
+                if case .failure(let error) = r, error is CancellationError { seen.append("cancelled") }
+            }
+            let root = holder.peek()
+            holder.drop()
+            root.cancel()
+        }
+        XCTAssertEqual(seen.values, Array(repeating: ["clean-up", "cancelled"], count: 200).flatMap { $0 })
+    }
 }

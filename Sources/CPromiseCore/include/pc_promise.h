@@ -185,7 +185,8 @@ typedef struct pc_lineage {
 /*
  * Registers `node` on `promise`. Pending (or still firing): pushes it and returns; the
  * settler fires it later, in registration order. Settled and quiescent: fires it at
- * once on this thread, node->fire(node, promise), before returning.
+ * once on this thread, node->fire(node, promise), before returning. The caller keeps
+ * `promise` alive until this returns (see pc_scope_opened_by).
  */
 void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
 
@@ -213,7 +214,8 @@ static inline uintptr_t pc_claimed(const pc_promise *_Nonnull promise) {
  * Publishes the outcome in the claim word and fires every observer on this thread, in
  * registration order, then any that registered while firing (first waiting out a prune
  * that holds the stack: see pc_prune). Only for the claim winner, once; the outcome value
- * must be stored before this call. Aborts if the claim holds no outcome.
+ * must be stored before this call. Aborts if the claim holds no outcome. The caller keeps
+ * `promise` alive until this returns (see pc_scope_opened_by).
  */
 void pc_publish(pc_promise *_Nonnull promise);
 
@@ -364,7 +366,8 @@ bool pc_scope_opened_by(const pc_promise *_Nonnull promise);
  * is in no pc_publish / pc_observe / pc_defer scope and the promise is settled and
  * quiescent; then the caller runs its observer and calls pc_inline_end, which runs the
  * work the observer deferred, as pc_observe would have. Otherwise returns PC_PENDING
- * and opens nothing: the caller registers a node as usual.
+ * and opens nothing: the caller registers a node as usual. The caller keeps `promise`
+ * alive until pc_inline_end returns (see pc_scope_opened_by).
  */
 uintptr_t pc_inline_begin(const pc_promise *_Nonnull promise);
 void pc_inline_end(void);
