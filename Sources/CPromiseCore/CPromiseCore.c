@@ -55,9 +55,9 @@ static void pc_die(const char *function, const char *what, uintptr_t word) {
 /*
  * Thread-local FIFO of deferred nodes, and the references kept until the cascade ends.
  * `depth` counts the pc_publish / pc_observe / pc_inline_begin scopes active on this
- * thread; the one that brings it back to zero drains both. `opener` is the promise whose
- * call opened the outermost scope (pc_scope_opened_by). Only this thread touches them: no
- * atomics.
+ * thread; the one that brings it back to zero drains both. pc_scope_opener_word (inline
+ * in pc_promise.h) is the promise whose call opened the outermost scope. Only this thread
+ * touches them: no atomics.
  */
 typedef struct {
     pc_release_fn release;
@@ -76,7 +76,6 @@ static _Thread_local struct {
     size_t kept_count;
     size_t kept_capacity; /* of `kept`: 0 before first use */
     unsigned depth;
-    const pc_promise *opener; /* whose call opened the outermost scope, or NULL */
     pc_kept kept_inline[PC_KEPT_INLINE];
 } pc_trampoline;
 
@@ -91,11 +90,14 @@ static void pc_kept_key_create(void) {
     }
 }
 
-/* The cascade watch (inline in pc_promise.h): thread-local, no atomics. */
+/* The cascade watch and the scope's opener (inline in pc_promise.h): thread-local, no
+ * atomics. */
 #if defined(__GNUC__) || defined(__clang__)
 __thread uintptr_t pc_cascade_watch_word;
+__thread uintptr_t pc_scope_opener_word;
 #else
 _Thread_local uintptr_t pc_cascade_watch_word;
+_Thread_local uintptr_t pc_scope_opener_word;
 #endif
 
 static void pc_drain(void) {
@@ -124,13 +126,13 @@ static void pc_drain(void) {
         (void)pthread_setspecific(pc_kept_key, NULL); /* created with the buffer just freed */
     }
     pc_trampoline.depth = 0;
-    pc_trampoline.opener = NULL;
+    pc_scope_opener_word = 0;
 }
 
 /* Opens a scope for a call on `promise` (which its caller holds until the call returns). */
 static inline void pc_scope_enter(const pc_promise *promise) {
     if (pc_trampoline.depth == 0) {
-        pc_trampoline.opener = promise;
+        pc_scope_opener_word = (uintptr_t)promise;
     }
     pc_trampoline.depth += 1;
 }
@@ -141,12 +143,8 @@ static inline void pc_scope_leave(void) {
         if (pc_trampoline.head != NULL || pc_trampoline.kept_count != 0) {
             pc_drain();
         }
-        pc_trampoline.opener = NULL;
+        pc_scope_opener_word = 0;
     }
-}
-
-bool pc_scope_opened_by(const pc_promise *promise) {
-    return pc_trampoline.depth != 0 && pc_trampoline.opener == promise;
 }
 
 void pc_defer(pc_node *node) {

@@ -356,8 +356,18 @@ static inline uintptr_t pc_cascade_watch_end(uintptr_t token) {
  * that defers work reading `promise` needs no reference of its own for that work: one
  * retain and one release fewer per deferred observer when a promise is settled or observed
  * from outside any firing (the common case: `p.fulfill(x)` in the code that made `p`).
+ * Inline (a thread-local word: the opener, 0 while no scope is open): it runs once per
+ * deferred observer.
  */
-bool pc_scope_opened_by(const pc_promise *_Nonnull promise);
+#if defined(__GNUC__) || defined(__clang__)
+extern __thread uintptr_t pc_scope_opener_word;
+#else
+extern _Thread_local uintptr_t pc_scope_opener_word;
+#endif
+
+static inline bool pc_scope_opened_by(const pc_promise *_Nonnull promise) {
+    return pc_scope_opener_word == (uintptr_t)promise;
+}
 
 /*
  * For an observer that would fire at once (the promise settled and quiescent) and
