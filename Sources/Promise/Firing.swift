@@ -82,8 +82,10 @@ extension AnyPromise {
             if source.carriesCancelForDescendants {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
-                sendToContext { self.runContinuationTakingParent() }
-                retained.release()
+                // The work holds this promise with the node's reference, moved into its
+                // capture (no retain for the capture, no release of the node's).
+                let owned = retained.takeRetainedValue()
+                sendToContext { [owned = consume owned] in owned.runContinuationTakingParent() }
             }
         case .following:
             let tag = source.publishedTag
