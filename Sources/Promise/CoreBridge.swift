@@ -227,9 +227,12 @@ extension AnyPromise {
         return tag == UInt(PC_PENDING) ? nil : tag
     }
 
+    /// Keeps this promise alive through the scope's end, explicitly: work deferred in the
+    /// scope borrows it (`callerHoldsThroughDeferredWork`), and once inlined into a caller
+    /// whose last use of a temporary promise came before, nothing else would say so.
     @inlinable
     final func endInlineObservation() {
-        pc_inline_end()
+        withExtendedLifetime(self) { pc_inline_end() }
     }
 
     /// Registers this promise's own node on `source`, transferring one retain of `self`
