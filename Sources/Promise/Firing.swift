@@ -82,10 +82,10 @@ extension AnyPromise {
             if source.carriesCancelForDescendants {
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else {
-                // The work holds this promise with the node's reference, moved into its
-                // capture (no retain for the capture, no release of the node's).
-                let owned = retained.takeRetainedValue()
-                sendToContext { [owned = consume owned] in owned.runContinuationTakingParent() }
+                // The node's reference keeps this promise alive until `send` has returned:
+                // the work may run, and drop its own reference, before that.
+                sendToContext { self.runContinuationTakingParent() }
+                retained.release()
             }
         case .following:
             let tag = source.publishedTag
