@@ -154,13 +154,18 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
         slot.initialize(to: .some(continuation))
     }
 
-    /// Debug builds: `DerivedLayout` finds `lineage` where it is, and `Lineage` is plain
-    /// data (`AnyPromise`'s deinit reads it after this class's fields were destroyed).
+    /// Debug builds: `DerivedLayout` finds `lineage` (and a `ContextDerivedPromise`'s
+    /// `context`) where they are, and `Lineage` is plain data (`AnyPromise`'s deinit reads
+    /// it after this class's fields were destroyed). Called before the promise is shared:
+    /// taking a field's address is a formal access, which must not overlap another
+    /// thread's (ThreadSanitizer reports it).
     private func checkLineageOffset() {
         assert(_isPOD(Lineage.self), "Lineage must stay plain data: AnyPromise's deinit reads it last")
         let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         assert(withUnsafeMutablePointer(to: &lineage) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.lineageOffset,
                "DerivedPromise<\(Value.self)> keeps its lineage at another offset: see AnyPromiseStoredProperties")
+        assert((self as? ContextDerivedPromise<Value>)?.contextOffset ?? DerivedLayout.contextOffset == DerivedLayout.contextOffset,
+               "ContextDerivedPromise<\(Value.self)> keeps its context at another offset")
     }
 }
 
@@ -176,9 +181,13 @@ final class ContextDerivedPromise<Value: Sendable>: DerivedPromise<Value>, @unch
     init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
         self.context = StoredContext(context)
         super.init(parent: parent, runsHandlerInline: false, continuation: continuation)
+    }
+
+    /// Where `context` is, from the object's address (debug builds check it against
+    /// `DerivedLayout.contextOffset`, before the promise is shared: `checkLineageOffset`).
+    fileprivate final var contextOffset: Int {
         let object = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
-        assert(withUnsafeMutablePointer(to: &self.context) { UnsafeMutableRawPointer($0) } - object == DerivedLayout.contextOffset,
-               "ContextDerivedPromise<\(Value.self)> keeps its context at another offset")
+        return withUnsafeMutablePointer(to: &context) { UnsafeMutableRawPointer($0) } - object
     }
 
     deinit {
