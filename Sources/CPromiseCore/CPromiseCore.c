@@ -125,8 +125,7 @@ static void pc_drain(void) {
         pc_trampoline.kept_capacity = 0;
         (void)pthread_setspecific(pc_kept_key, NULL); /* created with the buffer just freed */
     }
-    pc_trampoline.depth = 0;
-    pc_scope_opener_word = 0;
+    pc_trampoline.depth = 0; /* the opener, if any, is cleared by pc_scope_leave */
 }
 
 /* Opens a scope for a call on `promise` (which its caller holds until the call returns). */

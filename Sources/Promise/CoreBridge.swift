@@ -392,8 +392,9 @@ extension AnyPromise {
     /// a promise does not keep itself alive (it would never be freed while pending).
     /// Firing takes one for as long as the observer waits for its context or the
     /// trampoline, unless the settling call opened the firing scope (then its caller holds
-    /// the promise until the observer has run: `callerHoldsThroughDeferredWork`); a promise that dies pending moves the unrun observer to a box on a
-    /// broken stand-in (`breakObservers`), which runs it with `PromiseError.brokenPromise`.
+    /// the promise until the observer has run: `callerHoldsThroughDeferredWork`); a
+    /// promise that dies pending moves the unrun observer to a box on a broken stand-in
+    /// (`breakObservers`), which runs it with `PromiseError.brokenPromise`.
     ///
     /// `immediate` true for `.immediate`, false for `.default`.
     @usableFromInline

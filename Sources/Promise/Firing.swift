@@ -154,9 +154,9 @@ extension AnyPromise {
     /// Inside a cascade the parent is kept until the cascade ends only if the handler's
     /// publish fired `.immediate` children on this thread (the cascade watch): they run
     /// later in the cascade and may look up through it. (A borrowed parent needs no
-    /// keeping: the call that opened the cascade holds it until the cascade ends.) A step that ends a branch (the
-    /// last `then` of a `sequence` step) frees its parent, and the parent's value, at once;
-    /// a queued child held its path itself when it went in flight.
+    /// keeping: the call that opened the cascade holds it until the cascade ends.) A step
+    /// that ends a branch (the last `then` of a `sequence` step) frees its parent, and the
+    /// parent's value, at once; a queued child held its path itself when it went in flight.
     ///
     /// - Parameter offeringReference: true from the frame that runs this promise's deferred
     ///   node holding it with the node's reference: the first `.immediate` child this

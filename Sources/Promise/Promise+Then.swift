@@ -64,7 +64,7 @@ extension Promise {
         _ onRejected: @escaping @Sendable (any Error) throws -> U
     ) -> Promise<U> {
         DerivedPromise<U>.make(parent: self, context: context,
-                   continuation: .both(onFulfilled, onRejected))
+                               continuation: .both(onFulfilled, onRejected))
     }
 
     /// Transforms the value (the unambiguous spelling of `then` returning a value).

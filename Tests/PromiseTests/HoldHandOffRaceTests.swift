@@ -12,24 +12,15 @@ import Foundation
 import Promise
 import XCTest
 
-// MARK: Helpers (prefixed HO, to stay out of the other files' way)
-
-/// Counts live `HOValue`s.
-private final class HOLive: @unchecked Sendable {
-    static let shared = HOLive()
-    private let lock = NSLock()
-    private var live = 0
-    func up() { lock.lock(); live += 1; lock.unlock() }
-    func down() { lock.lock(); live -= 1; lock.unlock() }
-    var value: Int { lock.lock(); defer { lock.unlock() }; return live }
-}
+// MARK: Helpers (prefixed HO, to stay out of the other files' way; the instance counter
+// and the counted error are AdversarialHoldTests')
 
 /// A counted reference value: a leak keeps the count up, an over-release crashes or
 /// drives it below zero.
 private final class HOValue: @unchecked Sendable, CustomStringConvertible {
     let id: Int
-    init(_ id: Int) { self.id = id; HOLive.shared.up() }
-    deinit { HOLive.shared.down() }
+    init(_ id: Int) { self.id = id; LiveCount.shared.up() }
+    deinit { LiveCount.shared.down() }
     var description: String { "HOValue(\(id))" }
 }
 
@@ -37,13 +28,6 @@ private final class HOValue: @unchecked Sendable, CustomStringConvertible {
 private struct HOBig: Sendable {
     var ref: HOValue
     var a = 1, b = 2, c = 3, d = 4
-}
-
-/// A counted error.
-private final class HOError: Error, @unchecked Sendable {
-    let id: Int
-    init(_ id: Int) { self.id = id; HOLive.shared.up() }
-    deinit { HOLive.shared.down() }
 }
 
 /// A lock-protected optional slot that closures can fill, read and empty.
@@ -72,15 +56,37 @@ private final class HOWeakSet: @unchecked Sendable {
 final class HoldHandOffRaceTests: XCTestCase {
     override func setUp() {
         super.setUp()
-        _ = eventually(timeout: 5) { HOLive.shared.value == 0 }
-        XCTAssertEqual(HOLive.shared.value, 0, "leftovers from an earlier test")
+        _ = eventually(timeout: 5) { LiveCount.shared.value == 0 }
+        XCTAssertEqual(LiveCount.shared.value, 0, "leftovers from an earlier test")
     }
 
     private func assertAllFreed(_ weaks: HOWeakSet, _ message: String = "",
                                 file: StaticString = #filePath, line: UInt = #line) {
-        XCTAssertTrue(eventually { weaks.alive.isEmpty && HOLive.shared.value == 0 },
-                      "still alive: promises \(weaks.alive.prefix(20)), values \(HOLive.shared.value) \(message)",
+        XCTAssertTrue(eventually { weaks.alive.isEmpty && LiveCount.shared.value == 0 },
+                      "still alive: promises \(weaks.alive.prefix(20)), values \(LiveCount.shared.value) \(message)",
                       file: file, line: line)
+    }
+
+    /// Fulfils `root` with `HOValue(value)` from outside any firing (its settling call
+    /// lends it to its `.immediate` children), or inside another promise's handler (a
+    /// nested scope: they retain it).
+    private static func fulfill(_ root: Promise<HOValue>, with value: Int, insideScope: Bool) {
+        guard insideScope else {
+            root.fulfill(HOValue(value))
+            return
+        }
+        let outer = Promise<Int>()
+        outer.whenComplete(on: .immediate) { _ in root.fulfill(HOValue(value)) }
+        outer.fulfill(0)
+    }
+
+    /// Records in `bad` an outcome other than `HOValue(value)` or `CountedError(error)`.
+    private static func expect(_ result: Result<HOValue, any Error>, value: Int, error: Int, _ label: String,
+                               into bad: Recorder<String>) {
+        switch result {
+        case .success(let v): if v.id != value { bad.append("\(label) value \(v.id)") }
+        case .failure(let e): if (e as? CountedError)?.id != error { bad.append("\(label) error \(e)") }
+        }
     }
 
     /// Rounds multiplier: `PROMISE_HANDOFF_ROUNDS` (default 1).
@@ -109,16 +115,9 @@ final class HoldHandOffRaceTests: XCTestCase {
             DispatchQueue.concurrentPerform(iterations: 8) { i in
                 switch i {
                 case 0:
-                    let root = slot.peek()!
-                    if insideScope {
-                        let outer = Promise<Int>()
-                        outer.whenComplete(on: .immediate) { _ in root.fulfill(HOValue(round)) }
-                        outer.fulfill(0)
-                    } else {
-                        root.fulfill(HOValue(round))
-                    }
+                    Self.fulfill(slot.peek()!, with: round, insideScope: insideScope)
                 case 1:
-                    if cancelThisRound { slot.peek()!.cancel(reason: HOError(round)) }
+                    if cancelThisRound { slot.peek()!.cancel(reason: CountedError(round)) }
                 default:
                     let root = slot.peek()!
                     let c = root.then(on: .immediate) { v -> HOValue in
@@ -129,17 +128,11 @@ final class HoldHandOffRaceTests: XCTestCase {
                     weaks.add("c\(i)", c)
                     c.whenComplete(on: .immediate) { r in
                         observed.increment()
-                        switch r {
-                        case .success(let v): if v.id != round + 1 { bad.append("child value \(v.id)") }
-                        case .failure(let e): if (e as? HOError)?.id != round { bad.append("child error \(e)") }
-                        }
+                        Self.expect(r, value: round + 1, error: round, "child", into: bad)
                     }
                     root.whenComplete(on: .immediate) { r in
                         observed.increment()
-                        switch r {
-                        case .success(let v): if v.id != round { bad.append("root value \(v.id)") }
-                        case .failure(let e): if (e as? HOError)?.id != round { bad.append("root error \(e)") }
-                        }
+                        Self.expect(r, value: round, error: round, "root", into: bad)
                     }
                     c.then(on: .immediate) { v -> Int in
                         handlerRuns.increment()
@@ -179,7 +172,7 @@ final class HoldHandOffRaceTests: XCTestCase {
                 let targetIndex = round % 4 == 0 ? -1 : length / 2
                 let target: Promise<HOValue> = targetIndex < 0 ? root : steps[targetIndex]
                 DispatchQueue.concurrentPerform(iterations: 2) { i in
-                    if i == 0 { root.fulfill(HOValue(0)) } else { target.cancel(reason: HOError(7)) }
+                    if i == 0 { root.fulfill(HOValue(0)) } else { target.cancel(reason: CountedError(7)) }
                 }
                 var sawCancel = false
                 for (i, step) in steps.enumerated() {
@@ -252,10 +245,7 @@ final class HoldHandOffRaceTests: XCTestCase {
             weaks.add("follower", follower.peek()!)
             follower.peek()!.whenComplete(on: .immediate) { r in
                 observed.increment()
-                switch r {
-                case .success(let v): if v.id != round { bad.append("follower value \(v.id)") }
-                case .failure(let e): if (e as? HOError)?.id != -round - 1 { bad.append("follower error \(e)") }
-                }
+                Self.expect(r, value: round, error: -round - 1, "follower", into: bad)
             }
             follower.peek()!.then(on: .immediate) { v in HOValue(v.id) }.whenComplete(on: .immediate) { _ in observed.increment() }
             let slot = HOSlot(Promise<HOValue>())
@@ -264,21 +254,14 @@ final class HoldHandOffRaceTests: XCTestCase {
             DispatchQueue.concurrentPerform(iterations: 6) { i in
                 switch i {
                 case 0:
-                    let root = slot.peek()!
-                    if insideScope {
-                        let outer = Promise<Int>()
-                        outer.whenComplete(on: .immediate) { _ in root.fulfill(HOValue(round)) }
-                        outer.fulfill(0)
-                    } else {
-                        root.fulfill(HOValue(round))
-                    }
+                    Self.fulfill(slot.peek()!, with: round, insideScope: insideScope)
                 case 1:
                     // Cancels whatever middle step is published, a few times.
-                    for _ in 0..<3 { middle.take()?.cancel(reason: HOError(round)) }
+                    for _ in 0..<3 { middle.take()?.cancel(reason: CountedError(round)) }
                 case 2:
                     let f = follower.take()!
                     f.resolve(with: slot.peek()!)
-                    if round % 3 == 0 { f.cancel(reason: HOError(-round - 1)) }
+                    if round % 3 == 0 { f.cancel(reason: CountedError(-round - 1)) }
                 default:
                     let root = slot.peek()!
                     for k in 0..<3 {
@@ -291,10 +274,7 @@ final class HoldHandOffRaceTests: XCTestCase {
                         weaks.add("b\(i).\(k)", b)
                         b.whenComplete(on: .immediate) { r in
                             observed.increment()
-                            switch r {
-                            case .success(let v): if v.id != round + 2 { bad.append("b value \(v.id)") }
-                            case .failure(let e): if (e as? HOError)?.id != round { bad.append("b error \(e)") }
-                            }
+                            Self.expect(r, value: round + 2, error: round, "b", into: bad)
                         }
                         a.whenComplete(on: .immediate) { _ in observed.increment() }
                     }
