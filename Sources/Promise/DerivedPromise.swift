@@ -178,7 +178,10 @@ final class ContextDerivedPromise<Value: Sendable>: DerivedPromise<Value>, @unch
     @exclusivity(unchecked) final var context: StoredContext
 
     @usableFromInline
-    init(parent: __shared AnyPromise, context: any ExecutionContext, continuation: consuming StoredHandler) {
+    init(parent: __shared AnyPromise, context: __shared any ExecutionContext, continuation: consuming StoredHandler) {
+        // Borrowed, not owned: `StoredContext` takes its own reference, so an owned
+        // parameter only added a copy of the caller's existential and its destruction
+        // here (a retain and a release of the queue per `then`).
         self.context = StoredContext(context)
         super.init(parent: parent, runsHandlerInline: false, continuation: continuation)
     }

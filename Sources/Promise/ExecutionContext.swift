@@ -148,7 +148,7 @@ struct StoredContext {
 
     /// Stores `context` (not `.immediate`).
     @usableFromInline
-    init(_ context: any ExecutionContext) {
+    init(_ context: __shared any ExecutionContext) {
         store(context)
     }
 
