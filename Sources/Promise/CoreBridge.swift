@@ -227,12 +227,11 @@ extension AnyPromise {
         return tag == UInt(PC_PENDING) ? nil : tag
     }
 
-    /// Keeps this promise alive through the scope's end, explicitly: work deferred in the
-    /// scope borrows it (`callerHoldsThroughDeferredWork`), and once inlined into a caller
-    /// whose last use of a temporary promise came before, nothing else would say so.
+    /// Ends the scope `beginInlineObservation` opened, running the work the observer
+    /// deferred (which holds what it reads: the scope lends this promise to nobody).
     @inlinable
     final func endInlineObservation() {
-        withExtendedLifetime(self) { pc_inline_end() }
+        pc_inline_end()
     }
 
     /// Registers this promise's own node on `source`, transferring one retain of `self`

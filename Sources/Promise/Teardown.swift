@@ -103,15 +103,12 @@ extension AnyPromise {
         standIn.noteErrorSeen()
         // One trampoline scope around the whole list, as a publish has: the observers fire
         // as one batch, in registration order, and inline handlers run after the loop,
-        // not from inside it. (Inside another scope already, that scope runs them.)
-        // Kept alive explicitly until the scope has drained: the `.immediate` observers
-        // moved onto it borrow it (the call that opened the scope is on it), and they run
-        // when the scope ends, after the stand-in's last use in the loop.
-        withExtendedLifetime(standIn) {
-            let openedScope = standIn.beginInlineObservation() != nil
-            defer { if openedScope { endInlineObservation() } }
-            moveObservers(startingAt: ordered, to: standIn, inputDyingAt: dying)
-        }
+        // not from inside it. (Inside another scope already, that scope runs them.) The
+        // `.immediate` observers moved onto it each hold it until they have run: the scope
+        // lends it to nobody (`pc_inline_begin` records no opener).
+        let openedScope = standIn.beginInlineObservation() != nil
+        defer { if openedScope { endInlineObservation() } }
+        moveObservers(startingAt: ordered, to: standIn, inputDyingAt: dying)
     }
 
     /// `breakObservers`' loop: hands each node, in order, to `standIn`.

@@ -1492,7 +1492,8 @@ static void test_cascade_watch(verdict *v) {
 
 /* pc_scope_opened_by: true, while the scope is open, only for the promise whose call
  * (pc_publish, pc_observe) opened the thread's outermost scope; not for a promise settled
- * inside it, nor in a bare pc_defer's drain, nor after the call returned. */
+ * inside it, nor in pc_inline_begin's scope or a bare pc_defer's drain, nor after the
+ * call returned. */
 static struct {
     test_promise outer, inner;
     pc_node outer_node, inner_node, late_node, bare_node;
@@ -1547,6 +1548,9 @@ static void test_scope_opener(verdict *v) {
     CHECK(v, !pc_scope_opened_by(&opener.outer.core), "the scope closed with the call");
     pc_observe(&opener.outer.core, &opener.late_node); /* fires at once: pc_observe opens it */
     CHECK(v, opener.outer_in_late, "a registration on a settled promise opens its scope");
+    CHECK(v, pc_inline_begin(&opener.outer.core) == PC_FULFILLED, "an inline observation of the settled promise");
+    CHECK(v, !pc_scope_opened_by(&opener.outer.core), "pc_inline_begin's scope records no opener");
+    pc_inline_end();
     pc_defer(&opener.bare_node);
     CHECK(v, !opener.any_in_bare, "a bare pc_defer's drain has no opener");
     CHECK(v, !pc_scope_opened_by(&opener.outer.core), "and nothing is left open");

@@ -350,8 +350,9 @@ static inline uintptr_t pc_cascade_watch_end(uintptr_t token) {
 }
 
 /*
- * Whether a call on `promise` (its pc_publish, pc_observe or pc_inline_begin) opened this
- * thread's outermost trampoline scope, which is still open. Then the caller of that call
+ * Whether a call on `promise` (its pc_publish or pc_observe) opened this thread's
+ * outermost trampoline scope, which is still open (a scope opened by pc_inline_begin has
+ * no opener: false for every promise). Then the caller of that call
  * holds `promise` until the scope has run all the work deferred in it, so a fire callback
  * that defers work reading `promise` needs no reference of its own for that work: one
  * retain and one release fewer per deferred observer when a promise is settled or observed
@@ -376,8 +377,9 @@ static inline bool pc_scope_opened_by(const pc_promise *_Nonnull promise) {
  * is in no pc_publish / pc_observe / pc_defer scope and the promise is settled and
  * quiescent; then the caller runs its observer and calls pc_inline_end, which runs the
  * work the observer deferred, as pc_observe would have. Otherwise returns PC_PENDING
- * and opens nothing: the caller registers a node as usual. The caller keeps `promise`
- * alive until pc_inline_end returns (see pc_scope_opened_by).
+ * and opens nothing: the caller registers a node as usual. The scope records no opener
+ * (pc_scope_opened_by is false in it): work deferred in it that reads `promise` holds a
+ * reference of its own.
  */
 uintptr_t pc_inline_begin(const pc_promise *_Nonnull promise);
 void pc_inline_end(void);
