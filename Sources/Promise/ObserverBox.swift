@@ -20,6 +20,11 @@ class ObserverBox: @unchecked Sendable {
     @usableFromInline
     var queued: Bool { false }
 
+    /// Whether the box has nothing left to do whatever the promise it observes does, so
+    /// that it may leave that promise while it is pending (`observerHasGivenUp`): only a
+    /// `resolve(with:)` whose follower was cancelled.
+    var gaveUp: Bool { false }
+
     @inlinable
     init() {}
 
@@ -124,6 +129,9 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         self.target = target
         super.init()
     }
+
+    /// A cancelled follower takes no outcome (its claim is final).
+    override var gaveUp: Bool { target.isCancelled }
 
     /// The follower takes the followed promise's outcome. Settled by someone other than
     /// its handler (as by its holder), it keeps its parent from before its claim through

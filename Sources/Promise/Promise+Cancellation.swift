@@ -48,6 +48,7 @@ extension AnyPromise {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
             if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
+            leavePendingSources(claimedFrom: from)
         } else if !isCancelled, setTreeFlag(TreeFlag.cancelClaimed) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
@@ -58,6 +59,31 @@ extension AnyPromise {
             ForwardingEpoch.end()
         }
         forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
+    }
+
+    /// A cancelled promise waits for nothing any more: its registrations on promises
+    /// still pending leave them (amortised: `observerGaveUp` prunes once enough have
+    /// given up), so a long-lived promise whose children are cancelled one by one keeps a
+    /// bounded number of them, and none of their handlers' captures. Those are its own
+    /// node on its parent (a child whose handler has not run), and the registration on a
+    /// promise it follows without owning it (`resolve(with:)`; one a handler returned is
+    /// cancelled with it, which settles it). A child whose handler has an error side stays:
+    /// a cancel of its parent still runs that side, for clean-up (`runContinuation`).
+    private final func leavePendingSources(claimedFrom from: UInt32) {
+        if !isRoot, let parent = parentIfAlive, parent.isPending { parent.observerGaveUp() }
+        if from == PC_CLAIM_FOLLOWING, followeeToCancel == nil,
+           let followee = followeeAddress.flatMap(HeldMemory.promiseIfAlive), followee.isPending {
+            followee.observerGaveUp()
+        }
+    }
+
+    /// Whether this promise's own node, while registered on a pending promise, waits for
+    /// nothing (`observerHasGivenUp`): it was cancelled, so no outcome can be claimed, and
+    /// its handler (if it has not run) has no error side that a cancel of its parent would
+    /// still run. Read by a pruner holding that promise's stack: the node has not fired,
+    /// so `continuation` is the one the initialiser stored.
+    final var waitsForNothing: Bool {
+        claimHint == UInt(PC_CANCELLED) && continuation?.hasErrorSide != true
     }
 
     /// The reason descendants must be cancelled with: this promise's own if it is

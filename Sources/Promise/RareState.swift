@@ -339,15 +339,34 @@ extension AnyPromise {
 }
 
 /// The prune's test (`pc_prune`, which holds the promise's stack meanwhile: it only looks):
-/// whether `node`'s observer gave up.
+/// whether `node`'s observer gave up. Three kinds can: a slot of an aggregator that
+/// settled without this input, a cancelled child or follower with no error side left to
+/// run (`AnyPromise.waitsForNothing`), and a `resolve(with:)` whose follower was cancelled
+/// (`ObserverBox.gaveUp`).
 func observerHasGivenUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
-    nodeFires(node, through: aggregatorSlotFire) && slotOfRetiredAggregator(node)
+    if nodeFires(node, through: aggregatorSlotFire) { return slotOfRetiredAggregator(node) }
+    // The node's retain keeps its owner alive while the node is on the stack.
+    if nodeFires(node, through: promiseNodeFire) {
+        return AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { $0.waitsForNothing }
+    }
+    if nodeFires(node, through: observerBoxFire) {
+        return CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)._withUnsafeGuaranteedRef { $0.gaveUp }
+    }
+    return false
 }
 
 /// The prune's release, once the stack is back: `node` is ours, off the pending promise at
-/// `context`.
+/// `context`. Each kind lets go as if it had fired with nothing to do.
 func releaseNodeThatGaveUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) {
-    releaseRetiredAggregatorSlot(node, input: UInt(bitPattern: context))
+    if nodeFires(node, through: aggregatorSlotFire) {
+        releaseRetiredAggregatorSlot(node, input: UInt(bitPattern: context))
+    } else if nodeFires(node, through: promiseNodeFire) {
+        let owner = AnyPromise.owner(ofNode: node)
+        owner._withUnsafeGuaranteedRef { $0.continuation = nil }  // the handler, unrun, and its captures
+        owner.release()  // the registration's retain: may free the child
+    } else {
+        CoreLayout.owner(ofFirstField: node, as: ObserverBox.self).release()  // the registration's retain
+    }
 }
 
 extension AnyPromise {

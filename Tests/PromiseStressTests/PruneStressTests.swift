@@ -6,6 +6,14 @@
 // (a settle that meets a prune waits for the nodes to come back and fires them itself);
 // every race settles with an input's outcome; no race is kept once everything settled (a
 // slot dropped twice, or never, would crash under ASan or leak here).
+//
+// The same for children and followers cancelled one by one: two threads make children of
+// a long-lived parent (with and without an error side, on `.immediate`, `.default` and a
+// queue) and promises that follow another long-lived promise, cancelling each at once
+// (each cancel is a give-up, and prunes run), while a third thread fulfils or cancels
+// the parent at a varying point. A handler runs at most once, and a child ends fulfilled
+// only after its handler ran; an error side runs once when the parent ends cancelled,
+// never when it is fulfilled; nothing is kept once everything settled.
 import Dispatch
 import Foundation
 import Promise
@@ -72,4 +80,100 @@ final class PruneStressTests: XCTestCase {
             return true
         }
     }
+
+    func testCancelledChildrenLeaveAParentWhileItSettles() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let queue = DispatchQueue(label: "PruneStressTests.children")
+        let childrenPerSeat = 24
+        var parentCancelledRounds = 0
+
+        runStressRounds("prunes: cancelled children leave a parent while it settles", invariants: [
+            "a handler runs at most once, and a child ends fulfilled only after its handler ran",
+            "an error side runs once when the parent ends cancelled, never when it is fulfilled",
+            "no child, follower or captured value is kept once everything settled",
+        ], details: { "rounds where the parent was cancelled \(parentCancelledRounds)" }) { checker in
+            let round = checker.round
+            let parent = Promise<Int>()
+            let followed = Promise<Int>()
+            let captures = Locked(0)  // captured values alive
+            let children = Locked<[(promise: Promise<Int>, ran: Locked<Int>, errorSide: Bool)]>([])
+            let weaks = Locked<[WeakPromiseRef]>([])
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 2 {
+                    spin(random.below(3_000))
+                    if round.isMultiple(of: 3) { parent.cancel() } else { parent.fulfill(1) }
+                    return
+                }
+                var mine: [(promise: Promise<Int>, ran: Locked<Int>, errorSide: Bool)] = []
+                var made: [WeakPromiseRef] = []
+                for index in 0..<childrenPerSeat {
+                    let ran = Locked(0)
+                    let captured = CountedCapture(captures)
+                    let context: any ExecutionContext = [.immediate, .default, queue][index % 3]
+                    let errorSide = index % 4 == 3
+                    let child = errorSide
+                        ? parent.recover(on: context) { _ in ran.withLock { $0 += 1 }; return captured.value }
+                        : parent.then(on: context) { value in ran.withLock { $0 += 1 }; return value + captured.value }
+                    if random.below(2) == 0 { child.cancel() }
+                    mine.append((child, ran, errorSide))
+                    let follower = index.isMultiple(of: 2) ? Promise<Int>() : parent.then(on: .immediate) { $0 }
+                    follower.resolve(with: followed)
+                    follower.cancel()
+                    made.append(WeakPromiseRef(child))
+                    made.append(WeakPromiseRef(follower))
+                }
+                children.withLock { $0.append(contentsOf: mine) }
+                weaks.withLock { $0.append(contentsOf: made) }
+            }
+            checker.check(finished, "round hung")
+            let parentCancelled = parent.isCancelled
+            if parentCancelled { parentCancelledRounds += 1 }
+            queue.sync {}
+            for (child, ran, errorSide) in children.withLock({ $0 }) {
+                _ = try? child.wait(timeout: .seconds(10))
+                if errorSide && parentCancelled {
+                    // The clean-up may still be on its way to `.default` after the child settled.
+                    checker.check(becomesTrue { ran.withLock { $0 } == 1 }, "an error side never ran on the parent's cancel")
+                }
+                let runs = ran.withLock { $0 }
+                checker.check(runs <= 1, "a handler ran \(runs) times")
+                if errorSide && !parentCancelled { checker.check(runs == 0, "an error side ran on a fulfilled parent") }
+                if !errorSide && child.isFulfilled { checker.check(runs == 1, "a child was fulfilled without its handler") }
+            }
+            children.withLock { $0.removeAll() }
+            followed.fulfill(2)
+            queue.sync {}
+            // Work sent to `.default` may still be letting go of its child.
+            checker.check(becomesTrue { weaks.withLock { $0.allSatisfy { $0.promise == nil } } },
+                          "a cancelled child or follower is still kept")
+            checker.check(becomesTrue { captures.withLock { $0 } == 0 }, "a captured value is still kept")
+            return true
+        }
+    }
+}
+
+private final class WeakPromiseRef: @unchecked Sendable {
+    weak var promise: AnyPromise?
+    init(_ promise: AnyPromise) { self.promise = promise }
+}
+
+/// A value a handler captures, counted alive in `count`.
+private final class CountedCapture: @unchecked Sendable {
+    let value = 1
+    private let count: Locked<Int>
+    init(_ count: Locked<Int>) { self.count = count; count.withLock { $0 += 1 } }
+    deinit { count.withLock { $0 -= 1 } }
+}
+
+/// Polls `condition` until it holds (true) or ten seconds passed (false).
+private func becomesTrue(_ condition: () -> Bool) -> Bool {
+    let deadline = ContinuousClock.now + .seconds(10)
+    while !condition() {
+        if ContinuousClock.now > deadline { return false }
+        usleep(50)
+    }
+    return true
 }

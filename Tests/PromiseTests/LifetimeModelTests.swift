@@ -406,6 +406,78 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(value, 3)
     }
 
+    /// Children cancelled one by one leave a long-lived pending parent: its list keeps a
+    /// bounded number of them, and none of their handlers' captures, on any context; none
+    /// of those handlers runs when the parent settles.
+    func testCancelledChildrenLeaveALongLivedPromise() {
+        let contexts: [any ExecutionContext] = [.immediate, .default, DispatchQueue(label: "children")]
+        for context in contexts {
+            let tracker = LifeTracker()
+            let ran = Counter()
+            let longLived = Promise<Int>()
+            for _ in 0..<2_000 {
+                let captured = Payload(bytes: [1], tracker: tracker)
+                longLived.then(on: context) { value -> Int in
+                    ran.increment()
+                    return value + captured.bytes.count
+                }.cancel()
+            }
+            let bound = 2 * RareState.minimumGaveUpBeforePrune
+            XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, bound, "cancelled children stay registered")
+            XCTAssertLessThanOrEqual(tracker.alive, bound, "cancelled children keep their handlers' captures")
+            longLived.fulfill(1)
+            XCTAssertTrue(eventually { tracker.alive == 0 })
+            XCTAssertEqual(ran.value, 0, "the handler of a cancelled child ran")
+        }
+    }
+
+    /// A promise made to follow a long-lived one with `resolve(with:)`, then cancelled,
+    /// leaves it: a root's box and a child's lock-in alike, and the long-lived promise is
+    /// untouched (it is not the follower's to cancel).
+    func testCancelledFollowersLeaveALongLivedPromise() {
+        let longLived = Promise<Int>()
+        let parent = Promise<Int>()
+        var followers: [WeakPromise] = []
+        for round in 0..<2_000 {
+            let weak = WeakPromise()
+            if round.isMultiple(of: 2) {
+                let root = Promise<Int>()
+                root.resolve(with: longLived)
+                root.cancel()
+                weak.promise = root
+            } else {
+                let child = parent.then(on: .immediate) { $0 }
+                child.resolve(with: longLived)
+                child.cancel()
+                weak.promise = child
+            }
+            followers.append(weak)
+        }
+        let bound = 2 * RareState.minimumGaveUpBeforePrune
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, bound, "cancelled followers stay registered")
+        XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, bound, "cancelled children stay on their parent")
+        XCTAssertLessThanOrEqual(followers.filter { $0.promise != nil }.count, 2 * bound, "cancelled followers stay alive")
+        XCTAssertTrue(longLived.isPending, "a follower's cancel reached the promise it follows")
+        longLived.fulfill(1)
+        parent.fulfill(2)
+        XCTAssertTrue(eventually { followers.allSatisfy { $0.promise == nil } })
+    }
+
+    /// A cancelled child whose handler has an error side stays on its pending parent,
+    /// however many others leave: a cancel of the parent still runs that side, for
+    /// clean-up.
+    func testACancelledChildWithAnErrorSideStaysForItsCleanUp() {
+        let parent = Promise<Int>()
+        let cleanedUp = Counter()
+        let child = parent.catch(on: .immediate) { _ in cleanedUp.increment() }
+        child.cancel()
+        for _ in 0..<100 { parent.then(on: .immediate) { $0 }.cancel() }  // prunes run meanwhile
+        XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
+        parent.cancel()
+        XCTAssertEqual(cleanedUp.value, 1, "the error side of a cancelled child did not run on the parent's cancel")
+        XCTAssertTrue(child.isCancelled)
+    }
+
     /// A `timeout` child whose timer fired is freed while its receiver stays pending.
     func testTimedOutChildIsFreedWhileItsReceiverIsPending() {
         let receiver = Promise<Int>()
