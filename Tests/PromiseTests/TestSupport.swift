@@ -454,6 +454,9 @@ final class Handoff<T>: @unchecked Sendable {
     /// The value, still held here.
     var peek: T? { lock.withLock { value } }
 
+    /// Holds `value` instead of what was held.
+    func put(_ value: T?) { lock.withLock { self.value = value } }
+
     /// The value, no longer held here.
     func take() -> T? {
         lock.withLock {

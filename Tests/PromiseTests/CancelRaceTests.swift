@@ -1,0 +1,121 @@
+// Cancelling a long-running combinator's output while its current step settles on another
+// thread (`sequence`, `retry`): at most one step starts after the cancel returned, and it
+// is cancelled; the output ends cancelled, or settled by its last step if that one won;
+// once the output is dropped, nothing the run captured is kept.
+import Dispatch
+import Foundation
+@testable import Promise
+import XCTest
+
+final class CancelRaceTests: XCTestCase {
+    private struct Reason: Error, Equatable { let round: Int }
+
+    /// The steps of one run: each step the body makes is handed to the test, which settles
+    /// it; steps made after the cancel returned are recorded.
+    private final class Steps: @unchecked Sendable {
+        private let started = DispatchSemaphore(value: 0)
+        private let current = Handoff<Promise<Payload>>(nil)
+        let cancelReturned = Flag()
+        let late = Recorder<Promise<Payload>>()
+
+        /// The body's part: a fresh pending step.
+        func make() -> Promise<Payload> {
+            let step = Promise<Payload>()
+            if cancelReturned.isSet { late.append(step) }
+            current.put(step)
+            started.signal()
+            return step
+        }
+
+        /// The test's part: the next step the body made, or nil if none came.
+        func next() -> Promise<Payload>? {
+            started.wait(timeout: .now() + 10) == .success ? current.take() : nil
+        }
+    }
+
+    /// Settles steps 0..<k of the run with `settle`, then races step k's `settle` against
+    /// the output's cancel. `lastStepWins(output)` says whether an output that is not
+    /// cancelled is right (only if k is the last step). Returns what went wrong, or "".
+    private func raceCancel<Output>(
+        round: Int, k: Int, queue: DispatchQueue,
+        output makeOutput: (Steps) -> Promise<Output>,
+        settle: @escaping @Sendable (Promise<Payload>, Int) -> Void,
+        lastStepWins: (Promise<Output>) -> Bool
+    ) -> String {
+        let steps = Steps()
+        let output = Handoff(makeOutput(steps))
+        for index in 0...k {
+            guard let step = steps.next() else { return "step \(index) never started" }
+            if index < k {
+                settle(step, index)
+                continue
+            }
+            DispatchQueue.concurrentPerform(iterations: 2) { thread in
+                if thread == 0 {
+                    settle(step, index)
+                } else {
+                    output.peek?.cancel(reason: Reason(round: round))
+                    steps.cancelReturned.set()
+                }
+            }
+        }
+        queue.sync {}
+        var message = ""
+        if steps.late.count > 1 { message += "\(steps.late.count) steps started after the cancel returned; " }
+        for step in steps.late.values where !eventually(timeout: 5, { step.isCancelled }) {
+            message += "a step started after the cancel is \(step.state); "
+        }
+        if let result = output.take(), !result.isCancelled && !lastStepWins(result) {
+            message += "the output is \(result.state)"
+        }
+        return message
+    }
+
+    func testCancelOfASequenceRacingItsCurrentStep() {
+        let tracker = LifeTracker()
+        let stepCount = 12
+        for round in 0..<300 {
+            let queue = DispatchQueue(label: "CancelRaceTests.sequence")
+            let context: any ExecutionContext = round.isMultiple(of: 2) ? queue : .immediate
+            let k = round % stepCount
+            let captured = Payload(bytes: [9], tracker: tracker)
+            let message = raceCancel(
+                round: round, k: k, queue: queue,
+                output: { steps in
+                    Promise.sequence(on: context, Array(0..<stepCount)) { _ in
+                        _ = captured.bytes
+                        return steps.make()
+                    }
+                },
+                settle: { step, index in step.fulfill(Payload(bytes: [UInt8(index)], tracker: tracker)) },
+                lastStepWins: { k == stepCount - 1 && $0.isFulfilled })
+            XCTAssertEqual(message, "", "round \(round), cancel at step \(k)")
+            if !message.isEmpty { break }
+        }
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "values kept by dropped runs: \(tracker.alive)")
+    }
+
+    func testCancelOfARetryRacingItsCurrentAttempt() {
+        let tracker = LifeTracker()
+        let attempts = 10
+        for round in 0..<300 {
+            let queue = DispatchQueue(label: "CancelRaceTests.retry")
+            let context: any ExecutionContext = round.isMultiple(of: 2) ? queue : .immediate
+            let k = round % attempts
+            let captured = Payload(bytes: [9], tracker: tracker)
+            let message = raceCancel(
+                round: round, k: k, queue: queue,
+                output: { steps in
+                    Promise.retry(attempts: attempts, on: context) { () -> Promise<Payload> in
+                        _ = captured.bytes
+                        return steps.make()
+                    }
+                },
+                settle: { step, _ in step.reject(Reason(round: -1)) },
+                lastStepWins: { k == attempts - 1 && $0.isRejected })
+            XCTAssertEqual(message, "", "round \(round), cancel at attempt \(k)")
+            if !message.isEmpty { break }
+        }
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "retry bodies kept by dropped runs: \(tracker.alive)")
+    }
+}
