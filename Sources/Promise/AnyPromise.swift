@@ -17,6 +17,8 @@ public enum PromiseState: Sendable, Equatable {
 enum NodeRole: UInt8 {
     /// Not registered for the promise itself: a root (whose node may hold its first
     /// `whenComplete`, which fires through its own callback), or a child after it fired.
+    /// (A cancelled child whose node a prune took off a pending promise keeps the role it
+    /// had: nothing reads it again.)
     case idle
     /// Waiting for the parent: run `continuation` on `context` when it settles.
     case continuation

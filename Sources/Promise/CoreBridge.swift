@@ -357,6 +357,14 @@ enum HeldMemory {
         SwiftRuntime.tryRetain(address).map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
     }
 
+    /// Whether the promise at `address` (whose memory the caller holds, alive or not)
+    /// is pending: one load of its state word, no retain. A promise that died pending
+    /// has handed its observers on (`breakObservers`), so a caller that only wants a
+    /// pending promise's list may stop at false.
+    static func isPendingPromise(at address: UnsafeMutableRawPointer) -> Bool {
+        pc_state((address + CoreLayout.headerSize).assumingMemoryBound(to: pc_promise.self)) == PC_PENDING
+    }
+
     /// Drops a hold; the last one frees the memory of a promise that has died.
     static func release(_ address: UnsafeMutableRawPointer) {
         SwiftRuntime.unownedRelease(address)

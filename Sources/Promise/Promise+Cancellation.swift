@@ -69,8 +69,14 @@ extension AnyPromise {
     /// promise it follows without owning it (`resolve(with:)`; one a handler returned is
     /// cancelled with it, which settles it). A child whose handler has an error side stays:
     /// a cancel of its parent still runs that side, for clean-up (`runContinuation`).
+    ///
+    /// The parent is first looked at through its held memory, with no retain: in the
+    /// cancel of a tree, every descendant's parent has just settled.
     private final func leavePendingSources(claimedFrom from: UInt32) {
-        if !isRoot, let parent = parentIfAlive, parent.isPending { parent.observerGaveUp() }
+        if let address = parentAddress, HeldMemory.isPendingPromise(at: address),
+           let parent = HeldMemory.promiseIfAlive(at: address) {
+            parent.observerGaveUp()
+        }
         if from == PC_CLAIM_FOLLOWING, followeeToCancel == nil,
            let followee = followeeAddress.flatMap(HeldMemory.promiseIfAlive), followee.isPending {
             followee.observerGaveUp()
@@ -80,8 +86,9 @@ extension AnyPromise {
     /// Whether this promise's own node, while registered on a pending promise, waits for
     /// nothing (`observerHasGivenUp`): it was cancelled, so no outcome can be claimed, and
     /// its handler (if it has not run) has no error side that a cancel of its parent would
-    /// still run. Read by a pruner holding that promise's stack: the node has not fired,
-    /// so `continuation` is the one the initialiser stored.
+    /// still run. Read by a pruner holding that promise's stack, so it is ordered after
+    /// the node's registration: `continuation` is the handler the initialiser stored (on
+    /// a parent's list), or already taken before the node went on to a followee's.
     final var waitsForNothing: Bool {
         claimHint == UInt(PC_CANCELLED) && continuation?.hasErrorSide != true
     }

@@ -203,6 +203,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         // A box, not our own node: a continuation child's node may still be registered
         // on its parent.
         FollowObserver(target: self).register(on: other)
+        // Cancelled before the link above was recorded, the cancel could not find `other`
+        // to leave it (`leavePendingSources`): the box gives up here instead.
+        if claimHint == UInt(PC_CANCELLED) { other.observerGaveUp() }
         if closesACycle(following: other) { rejectAsCycle(parent: nil) }
     }
 

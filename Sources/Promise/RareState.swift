@@ -5,7 +5,8 @@ import Dispatch
 // and reached through one word of the promise (`rareStateWord`), so that the others pay a
 // word for it, not its size. Today it holds the reason of a cancel forwarded through a
 // settled promise, the list of waiters that may give up, the count of other observers
-// that gave up (`observerGaveUp`, below: the slots of settled combinators), and a root's
+// that gave up (`observerGaveUp`, below: the slots of settled combinators, cancelled
+// children and followers), and a root's
 // followee link (`AnyPromise.followeeWord`: a root follows only through `resolve(with:)`).
 //
 // Waiters that may give up (a `wait(timeout:)`, an `await` whose Task may be cancelled, a
@@ -21,7 +22,7 @@ import Dispatch
 // that has such waiters does take it, once: that settle is not lock-free (a holder
 // preempted inside costs the settler a time slice). The trade is deliberate: a waiter
 // leaves at once and leaves nothing, where pruning the lock-free observer stack
-// (`pc_prune`, which the combinators' slots use) leaves a few dead nodes between prunes
+// (`pc_prune`, for combinators' slots and cancelled children) leaves a few dead nodes between prunes
 // and walks the stack each time; unlinking one node from that stack in place would need
 // memory reclamation (hazard pointers or epochs), which the core does without.
 //
@@ -322,14 +323,20 @@ func rareStateFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutabl
 // MARK: Observers that gave up on a pending promise
 
 extension AnyPromise {
-    /// An observer registered on this promise no longer waits for it (today: a slot of a
-    /// combinator that settled without this input). Its node stays on the lock-free stack
+    /// An observer registered on this promise no longer waits for it (a slot of a
+    /// combinator that settled without this input, a child or follower that was
+    /// cancelled: see `observerHasGivenUp`). Its node stays on the lock-free stack
     /// until something takes it off: every so many give-ups (as many as the nodes the
     /// last prune kept, and at least `RareState.minimumGaveUpBeforePrune`), the thread
     /// that counts the last one prunes the stack (`pruneObserversThatGaveUp`). So a
     /// promise that outlives many such observers keeps a bounded number of them, and each
     /// give-up costs amortised O(1). A settled promise has fired its observers: nothing
     /// to do.
+    ///
+    /// What a prune takes off is released on the pruning thread: the thread whose give-up
+    /// was the one to trigger it (a cancel, or a combinator settling), which may be that
+    /// of an unrelated sibling. A cancelled child's handler and its captures go there, not
+    /// on the child's context.
     final func observerGaveUp() {
         guard isPending else { return }
         let rare = rareState

@@ -75,11 +75,16 @@ extension AnyPromise {
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
     /// Whether any of `detached` still waits: any node but a waiter list whose waiters all
-    /// gave up (a timed-out `wait` leaves nobody waiting). For the broken-promise report.
+    /// gave up (a timed-out `wait` leaves nobody waiting) and the observers a prune would
+    /// have taken off (`observerHasGivenUp`: whether one is still listed depends only on
+    /// when the last prune ran). For the broken-promise report.
     private final func anyoneWaits(on detached: UnsafeMutablePointer<pc_node>) -> Bool {
         var node: UnsafeMutablePointer<pc_node>? = detached
         while let current = node {
-            if !nodeFires(current, through: rareStateFire) || existingRareState?.waitingCount != 0 { return true }
+            let gaveUp = nodeFires(current, through: rareStateFire)
+                ? existingRareState?.waitingCount == 0
+                : observerHasGivenUp(current, nil)
+            if !gaveUp { return true }
             node = current.pointee.next
         }
         return false
@@ -107,7 +112,7 @@ extension AnyPromise {
         // `.immediate` observers moved onto it each hold it until they have run: the scope
         // lends it to nobody (`pc_inline_begin` records no opener).
         let openedScope = standIn.beginInlineObservation() != nil
-        defer { if openedScope { endInlineObservation() } }
+        defer { if openedScope { standIn.endInlineObservation() } }
         moveObservers(startingAt: ordered, to: standIn, inputDyingAt: dying)
     }
 

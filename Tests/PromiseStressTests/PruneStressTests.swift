@@ -87,17 +87,21 @@ final class PruneStressTests: XCTestCase {
         let queue = DispatchQueue(label: "PruneStressTests.children")
         let childrenPerSeat = 24
         var parentCancelledRounds = 0
+        var straddlingRounds = 0  // children made both before and after the parent settled
 
         runStressRounds("prunes: cancelled children leave a parent while it settles", invariants: [
+            "every child settles; one the test did not cancel takes its handler's outcome",
             "a handler runs at most once, and a child ends fulfilled only after its handler ran",
             "an error side runs once when the parent ends cancelled, never when it is fulfilled",
             "no child, follower or captured value is kept once everything settled",
-        ], details: { "rounds where the parent was cancelled \(parentCancelledRounds)" }) { checker in
+        ], details: {
+            "rounds where the parent was cancelled \(parentCancelledRounds), with children made both before and after its settle \(straddlingRounds)"
+        }) { checker in
             let round = checker.round
             let parent = Promise<Int>()
             let followed = Promise<Int>()
             let captures = Locked(0)  // captured values alive
-            let children = Locked<[(promise: Promise<Int>, ran: Locked<Int>, errorSide: Bool)]>([])
+            let children = Locked<[MadeChild]>([])
             let weaks = Locked<[WeakPromiseRef]>([])
             let finished = crew.play { seat in
                 var random = StressRandom(round: round, seat: seat)
@@ -107,18 +111,21 @@ final class PruneStressTests: XCTestCase {
                     if round.isMultiple(of: 3) { parent.cancel() } else { parent.fulfill(1) }
                     return
                 }
-                var mine: [(promise: Promise<Int>, ran: Locked<Int>, errorSide: Bool)] = []
+                var mine: [MadeChild] = []
                 var made: [WeakPromiseRef] = []
                 for index in 0..<childrenPerSeat {
                     let ran = Locked(0)
                     let captured = CountedCapture(captures)
                     let context: any ExecutionContext = [.immediate, .default, queue][index % 3]
                     let errorSide = index % 4 == 3
+                    let madeBeforeSettle = parent.isPending
                     let child = errorSide
                         ? parent.recover(on: context) { _ in ran.withLock { $0 += 1 }; return captured.value }
                         : parent.then(on: context) { value in ran.withLock { $0 += 1 }; return value + captured.value }
-                    if random.below(2) == 0 { child.cancel() }
-                    mine.append((child, ran, errorSide))
+                    let cancelled = random.below(2) == 0
+                    if cancelled { child.cancel() }
+                    mine.append(MadeChild(promise: child, ran: ran, errorSide: errorSide,
+                                          cancelledByTest: cancelled, madeBeforeSettle: madeBeforeSettle))
                     let follower = index.isMultiple(of: 2) ? Promise<Int>() : parent.then(on: .immediate) { $0 }
                     follower.resolve(with: followed)
                     follower.cancel()
@@ -131,17 +138,29 @@ final class PruneStressTests: XCTestCase {
             checker.check(finished, "round hung")
             let parentCancelled = parent.isCancelled
             if parentCancelled { parentCancelledRounds += 1 }
-            queue.sync {}
-            for (child, ran, errorSide) in children.withLock({ $0 }) {
-                _ = try? child.wait(timeout: .seconds(10))
-                if errorSide && parentCancelled {
-                    // The clean-up may still be on its way to `.default` after the child settled.
-                    checker.check(becomesTrue { ran.withLock { $0 } == 1 }, "an error side never ran on the parent's cancel")
+            do {  // the children held here go at the end of the block, before the last checks
+                let made = children.withLock { $0 }
+                if made.contains(where: \.madeBeforeSettle) && made.contains(where: { !$0.madeBeforeSettle }) {
+                    straddlingRounds += 1
                 }
-                let runs = ran.withLock { $0 }
-                checker.check(runs <= 1, "a handler ran \(runs) times")
-                if errorSide && !parentCancelled { checker.check(runs == 0, "an error side ran on a fulfilled parent") }
-                if !errorSide && child.isFulfilled { checker.check(runs == 1, "a child was fulfilled without its handler") }
+                queue.sync {}
+                for child in made {
+                    _ = try? child.promise.wait(timeout: .seconds(10))
+                    // A child taken off its parent by mistake would stay pending for ever.
+                    checker.check(!child.promise.isPending, "a child is still pending after its parent settled")
+                    if child.errorSide && parentCancelled {
+                        // The clean-up may still be on its way to `.default` after the child settled.
+                        checker.check(becomesTrue { child.ran.withLock { $0 } == 1 }, "an error side never ran on the parent's cancel")
+                    }
+                    let runs = child.ran.withLock { $0 }
+                    checker.check(runs <= 1, "a handler ran \(runs) times")
+                    if child.errorSide && !parentCancelled { checker.check(runs == 0, "an error side ran on a fulfilled parent") }
+                    if !child.errorSide && child.promise.isFulfilled { checker.check(runs == 1, "a child was fulfilled without its handler") }
+                    if !child.cancelledByTest && !parentCancelled {
+                        checker.check(child.promise.isFulfilled, "a child nobody cancelled ended \(child.promise.state)")
+                        if !child.errorSide { checker.check(runs == 1, "the handler of a child nobody cancelled ran \(runs) times") }
+                    }
+                }
             }
             children.withLock { $0.removeAll() }
             followed.fulfill(2)
@@ -153,6 +172,15 @@ final class PruneStressTests: XCTestCase {
             return true
         }
     }
+}
+
+/// A child the test made, and what it needs to check it.
+private struct MadeChild {
+    let promise: Promise<Int>
+    let ran: Locked<Int>
+    let errorSide: Bool
+    let cancelledByTest: Bool
+    let madeBeforeSettle: Bool
 }
 
 private final class WeakPromiseRef: @unchecked Sendable {

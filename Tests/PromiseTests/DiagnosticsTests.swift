@@ -154,6 +154,12 @@ final class DiagnosticsTests: XCTestCase {
             let polled = Promise<BrokenMarker>()
             XCTAssertThrowsError(try polled.wait(timeout: .milliseconds(1)))
         }
+        // Nor one whose only observers are cancelled children, however many (a prune may
+        // or may not have taken them off yet).
+        for count in [1, 9] {
+            let left = Promise<BrokenMarker>()
+            for _ in 0..<count { left.then(on: .immediate) { _ in 1 }.cancel() }
+        }
         XCTAssertEqual(events(about: "Promise<BrokenMarker>").count, 0, "\(events.values)")
     }
 
