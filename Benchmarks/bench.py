@@ -38,6 +38,7 @@ MEMORY_TARGETS = {
     "mem:root": ("ratio", 1.0),
     "mem:root+2-observers": ("ratio", 1.0),
     "mem:root+then": ("ratio", 1.0),
+    "mem:root+then-default": ("ratio", 1.0),
     "mem:settled-leaf-of-chain": ("bytes", 5 * 1024 * 1024),
     # Per settled race, while its other input stays pending: constant memory (the input's
     # prune keeps a handful of bare slots, whatever the number of races).

@@ -12,6 +12,19 @@ public enum PromiseState: Sendable, Equatable {
     case cancelled
 }
 
+/// Where a derived promise's handler runs (`AnyPromise.handlerPlace`).
+@usableFromInline
+enum HandlerPlace: UInt8 {
+    /// On the context it stores (a `ContextDerivedPromise`); a root's value, unused.
+    case storedContext
+    /// `.immediate`: inline, through the core's trampoline; also a child with no handler.
+    case inline
+    /// `.default`: sent to the library's default queue, which is one for all, so it
+    /// stores no context. (`.default` is what every `then` without `on:` uses: most
+    /// children on a context are such children, 32 bytes fewer each.)
+    case defaultQueue
+}
+
 /// What a promise's own node is registered for.
 @usableFromInline
 enum NodeRole: UInt8 {
@@ -94,11 +107,16 @@ public class AnyPromise: @unchecked Sendable {
     /// needs destroying: the deinit, which runs unspecialised, then skips the generic
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
+    /// Where a derived promise's handler runs, as its layout says: set once, before the
+    /// promise is shared, and not read off a stored context (which moves out when the
+    /// handler is sent, and costs more to reach). One byte for the two kinds that store no
+    /// context (`ContextDerivedPromise` is the one that does).
+    @usableFromInline @exclusivity(unchecked) final var handlerPlace = HandlerPlace.storedContext
+
     /// A derived promise whose handler runs on `.immediate` (inline, through the
-    /// trampoline), or that has no handler: it stores no context (it is no
-    /// `ContextDerivedPromise`). Set once, before the promise is shared. Not read off the
-    /// stored context, which moves out when the handler is sent (and costs more to reach).
-    @usableFromInline @exclusivity(unchecked) final var runsHandlerInline = false
+    /// trampoline), or that has no handler: it stores no context.
+    @inlinable
+    final var runsHandlerInline: Bool { handlerPlace == .inline }
     /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
     /// `whenComplete` (see `claimFirstObserverSlot`).
     @usableFromInline final let isRoot: Bool

@@ -4,10 +4,10 @@ import CPromiseCore
 // no link up, no holds on a path, no parent held while a handler reads it and no ancestor
 // check to record: those live in `Lineage`, which only a derived promise (`then` and the
 // other continuations, `timeout`'s child) has, in the class `DerivedPromise` adds below
-// `Promise`; a child whose handler runs on a context other than `.immediate` is a
-// `ContextDerivedPromise`, which adds that context. Code that does not know the value type
-// reaches them through `AnyPromise`'s accessors here, after checking `isRoot` (and
-// `runsHandlerInline`, for the context).
+// `Promise`; a child whose handler runs on a context other than `.immediate` or `.default`
+// is a `ContextDerivedPromise`, which adds that context. Code that does not know the value
+// type reaches them through `AnyPromise`'s accessors here, after checking `isRoot` (and
+// `handlerPlace`, for the context).
 //
 // How: `Promise<Value>` has no stored property of its own, so `DerivedPromise`'s `lineage`,
 // and `ContextDerivedPromise`'s `context` after it, sit at the same offsets whatever the
@@ -103,10 +103,10 @@ struct ParentHold {
 
 /// A promise with a parent: made by a continuation (`then`, `recover`...) or as
 /// `timeout`'s child. Users see it as the `Promise<Value>` it is; only the layout differs.
-/// This class is the child whose handler runs `.immediate` (or that has no handler): it
-/// stores no context. A handler on any other context makes a `ContextDerivedPromise`,
-/// which adds one (`DerivedPromise.make` picks). Not `final`, for that subclass; every
-/// member is.
+/// This class is the child whose handler runs `.immediate` or on `.default` (or that has
+/// no handler): it stores no context. A handler on any other context makes a
+/// `ContextDerivedPromise`, which adds one (`DerivedPromise.make` picks). Not `final`,
+/// for that subclass; every member is.
 @usableFromInline
 class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     @usableFromInline @exclusivity(unchecked) final var lineage: Lineage
@@ -118,9 +118,13 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     static func make(parent: __shared AnyPromise, context: any ExecutionContext,
                      continuation: consuming StoredHandler) -> DerivedPromise<Value> {
         // `.immediate` needs nothing stored: such handlers run inline through the core's
-        // trampoline (`runsHandlerInline`).
+        // trampoline (`runsHandlerInline`). Nor does `.default`, whose queue is one for
+        // all (`HandlerPlace.defaultQueue`).
         if context.isImmediate {
-            return DerivedPromise(parent: parent, runsHandlerInline: true, continuation: continuation)
+            return DerivedPromise(parent: parent, handlerPlace: .inline, continuation: continuation)
+        }
+        if context.isDefault {
+            return DerivedPromise(parent: parent, handlerPlace: .defaultQueue, continuation: continuation)
         }
         return ContextDerivedPromise(parent: parent, context: context, continuation: continuation)
     }
@@ -129,11 +133,11 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     /// stored what the handler needs before (a parent may fire it as soon as it is in the
     /// parent's list).
     @usableFromInline
-    init(parent: __shared AnyPromise, runsHandlerInline: Bool, continuation: consuming StoredHandler) {
+    init(parent: __shared AnyPromise, handlerPlace: HandlerPlace, continuation: consuming StoredHandler) {
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
-        self.runsHandlerInline = runsHandlerInline
+        self.handlerPlace = handlerPlace
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`
         // around that call.
@@ -147,7 +151,7 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
-        runsHandlerInline = true  // no handler, and no context stored: see the flag
+        handlerPlace = .inline  // no handler, and no context stored
     }
 
     private static func initialize(_ slot: UnsafeMutablePointer<StoredHandler?>, with continuation: consuming StoredHandler) {
@@ -169,8 +173,8 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     }
 }
 
-/// A derived promise whose handler runs on a context other than `.immediate`: it keeps
-/// that context until the handler is sent to it.
+/// A derived promise whose handler runs on a context other than `.immediate` and
+/// `.default`: it keeps that context until the handler is sent to it.
 @usableFromInline
 final class ContextDerivedPromise<Value: Sendable>: DerivedPromise<Value>, @unchecked Sendable {
     /// Where `continuation` runs. Not in `Lineage`, whose fields `AnyPromise`'s deinit
@@ -183,7 +187,7 @@ final class ContextDerivedPromise<Value: Sendable>: DerivedPromise<Value>, @unch
         // parameter only added a copy of the caller's existential and its destruction
         // here (a retain and a release of the queue per `then`).
         self.context = StoredContext(context)
-        super.init(parent: parent, runsHandlerInline: false, continuation: continuation)
+        super.init(parent: parent, handlerPlace: .storedContext, continuation: continuation)
     }
 
     /// Where `context` is, from the object's address (debug builds check it against
@@ -210,9 +214,10 @@ extension AnyPromise {
 
     /// Hands `work` to this derived promise's context, which it moves out (no copy, so
     /// no retain and release of a queue): a handler is sent to its context once. Only for
-    /// a `ContextDerivedPromise` (`!runsHandlerInline`).
+    /// a `ContextDerivedPromise`, or a child on `.default` (`!runsHandlerInline`).
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
-        assert(!isRoot && !runsHandlerInline, "only a ContextDerivedPromise has a handler context")
+        assert(!isRoot && !runsHandlerInline, "only a child on a context has a handler context")
+        if handlerPlace == .defaultQueue { return DefaultExecutionContext().execute(work) }
         (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
             .assumingMemoryBound(to: StoredContext.self).pointee.send(work)
     }
@@ -281,7 +286,7 @@ struct AnyPromiseStoredProperties: ~Copyable {
     var role: NodeRole
     var errorSideDispatched: Bool
     var storedValueNeedsDestroy: Bool
-    var runsHandlerInline: Bool
+    var handlerPlace: HandlerPlace
     var isRoot: Bool
     #if DEBUG
     var creationSite: PromiseCreationSite?

@@ -105,6 +105,23 @@ rows.append(Row(case: "mem:root+then", impl: "nio", bytes: onLoop {
     })
 }.value, perItem: true))
 
+// The same with the child on `.default`, what a `then` without `on:` makes (NIO's `map`
+// has no context to choose: the same future as above).
+rows.append(Row(case: "mem:root+then-default", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
+    let root = Promise<Int>()
+    return (root, root.then { $0 + 1 })
+}) { pairs in
+    for (root, _) in pairs { root.fulfill(0) }
+}, perItem: true))
+rows.append(Row(case: "mem:root+then-default", impl: "nio", bytes: onLoop {
+    Held(value: perItem({ () -> (EventLoopPromise<Int>, EventLoopFuture<Int>) in
+        let promise = loop.makePromise(of: Int.self)
+        return (promise, promise.futureResult.map { $0 + 1 })
+    }) { pairs in
+        for (promise, _) in pairs { promise.succeed(0) }
+    })
+}.value, perItem: true))
+
 // What a settled race keeps while its other input stays pending: `race([work, shutdown])` in
 // a loop, each `work` settled at once, nothing but `shutdown` held. Per race, over `count`
 // races: 0 means constant memory. NIO has no race; its closest form is a callback on each

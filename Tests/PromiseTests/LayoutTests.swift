@@ -1,0 +1,34 @@
+// Which layout each kind of promise gets (a root, a child that stores no context, a child
+// that stores one), and that a child behaves the same whichever it got.
+import Dispatch
+@testable import Promise
+import XCTest
+
+final class LayoutTests: XCTestCase {
+    func testOnlyChildrenOnOtherContextsStoreTheirContext() {
+        let root = Promise<Int>()
+        XCTAssertFalse(root is DerivedPromise<Int>)
+        XCTAssertFalse(root.then(on: .immediate) { $0 } is ContextDerivedPromise<Int>)
+        XCTAssertFalse(root.then { $0 } is ContextDerivedPromise<Int>)
+        XCTAssertTrue(root.then(on: DispatchQueue.global()) { $0 } is ContextDerivedPromise<Int>)
+        root.cancel()
+    }
+
+    /// A child on `.default` stores no context (the smaller layout, as on `.immediate`),
+    /// yet its handler runs on the library's default queue, pending parent or settled.
+    func testDefaultChildStoresNoContextAndRunsOnTheDefaultQueue() {
+        let key = DispatchSpecificKey<Int>()
+        DefaultExecutionContext.queue.setSpecific(key: key, value: 1)
+        defer { DefaultExecutionContext.queue.setSpecific(key: key, value: nil) }
+        let pending = Promise<Int>()
+        let children = [pending.then { _ in DispatchQueue.getSpecific(key: key) },
+                        Promise(value: 1).then(on: .default) { _ in DispatchQueue.getSpecific(key: key) },
+                        pending.recover(on: .default) { _ in 0 }.then(on: .default) { _ in DispatchQueue.getSpecific(key: key) }]
+        for child in children {
+            XCTAssertFalse(child is ContextDerivedPromise<Int?>, "a .default child stored its context")
+        }
+        XCTAssertTrue(pending.then(on: DispatchQueue.global()) { $0 } is ContextDerivedPromise<Int>)
+        pending.fulfill(1)
+        for child in children { XCTAssertEqual(value(child), 1, "a .default handler ran off the default queue") }
+    }
+}
