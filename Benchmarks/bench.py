@@ -37,6 +37,7 @@ BYTES_FILE = os.path.join(THRESHOLDS_DIR, "bytes-per-item.json")
 MEMORY_TARGETS = {
     "mem:root": ("ratio", 1.0),
     "mem:root+2-observers": ("ratio", 1.0),
+    "mem:root+2-observers-default": ("ratio", 1.0),
     "mem:root+then": ("ratio", 1.0),
     "mem:root+then-default": ("ratio", 1.0),
     "mem:settled-leaf-of-chain": ("bytes", 5 * 1024 * 1024),

@@ -213,6 +213,8 @@ extension Promise {
         } else {
             if immediate {
                 CompletionObserver(body: body).register(on: self)
+            } else if context.isDefault {
+                DefaultQueueCompletionObserver(body: body).register(on: self)
             } else {
                 QueuedCompletionObserver(context: context, body: body).register(on: self)
             }

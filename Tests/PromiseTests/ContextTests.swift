@@ -387,6 +387,36 @@ final class ContextTests: XCTestCase {
         }
     }
 
+    func testObserverBoxesOnContextsOfEverySizeRunOnTheirQueueAndReleaseThem() {
+        // A `whenComplete` that is not a root's first keeps its context the same way, in its
+        // box: it runs there once and lets go of it.
+        let queue = DispatchQueue(label: "PromiseTests.sizedBoxes")
+        let key = DispatchSpecificKey<Bool>()
+        queue.setSpecific(key: key, value: true)
+        let makers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
+            ("one word", { SizedContext(owner: $0) }),
+            ("two words", { WideContext(owner: $0) }),
+            ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
+        ]
+        for (name, make) in makers {
+            weak var weakOwner: ContextOwner?
+            let onQueue = Flag()
+            do {
+                let owner = ContextOwner(queue: queue)
+                weakOwner = owner
+                let promise = Promise<Int>()
+                promise.whenComplete(on: .immediate) { _ in }  // takes the root's own slot
+                promise.whenComplete(on: make(owner)) { result in
+                    if DispatchQueue.getSpecific(key: key) == true, case .success(2) = result { onQueue.set() }
+                }
+                promise.fulfill(2)
+            }
+            queue.sync {}
+            XCTAssertTrue(onQueue.isSet, "\(name): the observer ran on its queue with the value")
+            XCTAssertNil(weakOwner, "\(name): the box let go of its context")
+        }
+    }
+
     func testCustomContextRunsEveryHandlerThroughExecuteOnce() {
         let context = CountingContext()
         let key = DispatchSpecificKey<Bool>()

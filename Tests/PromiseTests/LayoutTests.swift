@@ -31,4 +31,25 @@ final class LayoutTests: XCTestCase {
         pending.fulfill(1)
         for child in children { XCTAssertEqual(value(child), 1, "a .default handler ran off the default queue") }
     }
+
+    /// `whenComplete` on `.default` past a root's first observer: a box that stores no
+    /// context, whose observer still runs on the default queue.
+    func testDefaultObserverBoxesRunOnTheDefaultQueue() {
+        let key = DispatchSpecificKey<Int>()
+        DefaultExecutionContext.queue.setSpecific(key: key, value: 1)
+        defer { DefaultExecutionContext.queue.setSpecific(key: key, value: nil) }
+        let promise = Promise<Int>()
+        let queues = Recorder<Int?>()
+        let done = DispatchGroup()
+        for _ in 0..<3 {  // the first takes the root's own slot; the others are boxes
+            done.enter()
+            promise.whenComplete { _ in
+                queues.append(DispatchQueue.getSpecific(key: key))
+                done.leave()
+            }
+        }
+        promise.fulfill(1)
+        XCTAssertEqual(done.wait(timeout: .now() + testTimeoutSeconds), .success)
+        XCTAssertEqual(queues.values, [1, 1, 1], "a .default observer ran off the default queue")
+    }
 }

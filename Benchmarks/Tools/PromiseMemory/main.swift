@@ -89,6 +89,40 @@ rows.append(Row(case: "mem:root+2-observers", impl: "nio", bytes: onLoop {
     })
 }.value, perItem: true))
 
+// The same with both observers on `.default`, what `whenComplete` without `on:` makes: the
+// first in the root's own slot, the second in a box. They run on the default queue once
+// the roots are fulfilled; the next case is measured only after all of them ran and let go
+// (they count themselves in a global, so the closures capture nothing and allocate nothing).
+final class RunCount: @unchecked Sendable {
+    private let lock = NSLock()
+    private var runs = 0
+    func add() { lock.withLock { runs += 1 } }
+    var value: Int { lock.withLock { runs } }
+}
+let defaultObserverRuns = RunCount()
+rows.append(Row(case: "mem:root+2-observers-default", impl: "promise", bytes: perItem({ () -> Promise<Int> in
+    let root = Promise<Int>()
+    root.whenComplete { _ in defaultObserverRuns.add() }
+    root.whenComplete { _ in defaultObserverRuns.add() }
+    return root
+}) { roots in
+    for root in roots { root.fulfill(0) }
+    let deadline = Date().addingTimeInterval(60)
+    // (A box or two may still be freeing itself as the next case starts: bytes, not per item.)
+    while defaultObserverRuns.value < 2 * roots.count && Date() < deadline { usleep(100) }
+}, perItem: true))
+
+rows.append(Row(case: "mem:root+2-observers-default", impl: "nio", bytes: onLoop {
+    Held(value: perItem({ () -> EventLoopPromise<Int> in
+        let promise = loop.makePromise(of: Int.self)
+        promise.futureResult.whenComplete { _ in }
+        promise.futureResult.whenComplete { _ in }
+        return promise
+    }) { promises in
+        for promise in promises { promise.succeed(0) }
+    })
+}.value, perItem: true))
+
 // A pending root and one child, both held.
 rows.append(Row(case: "mem:root+then", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
     let root = Promise<Int>()
