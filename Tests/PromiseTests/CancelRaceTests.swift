@@ -84,51 +84,56 @@ final class CancelRaceTests: XCTestCase {
         super.tearDown()
     }
 
-    func testCancelOfASequenceRacingItsCurrentStep() {
+    /// 300 rounds of `raceCancel` over runs of `stepCount` steps, cancelled at each step in
+    /// turn, on a serial queue and on `.immediate`; then nothing the runs captured is kept.
+    private func raceCancelAtEveryStep<Output>(
+        steps stepCount: Int,
+        output makeOutput: @escaping (Steps, any ExecutionContext, Payload) -> Promise<Output>,
+        settle: @escaping @Sendable (Promise<Payload>, Int, LifeTracker) -> Void,
+        lastStepWins: @escaping (Promise<Output>) -> Bool
+    ) {
         let tracker = LifeTracker()
-        let stepCount = 12
         for round in 0..<300 {
-            let queue = DispatchQueue(label: "CancelRaceTests.sequence")
+            let queue = DispatchQueue(label: "CancelRaceTests.run")
             let context: any ExecutionContext = round.isMultiple(of: 2) ? queue : .immediate
             let k = round % stepCount
             let captured = Payload(bytes: [9], tracker: tracker)
             let message = raceCancel(
                 round: round, k: k, queue: queue,
-                output: { steps in
-                    Promise.sequence(on: context, Array(0..<stepCount)) { _ in
-                        _ = captured.bytes
-                        return steps.make()
-                    }
-                },
-                settle: { step, index in step.fulfill(Payload(bytes: [UInt8(index)], tracker: tracker)) },
-                lastStepWins: { k == stepCount - 1 && $0.isFulfilled })
+                output: { makeOutput($0, context, captured) },
+                settle: { settle($0, $1, tracker) },
+                lastStepWins: { k == stepCount - 1 && lastStepWins($0) })
             XCTAssertEqual(message, "", "round \(round), cancel at step \(k)")
             if !message.isEmpty { break }
         }
         XCTAssertTrue(eventually { tracker.alive == 0 }, "values kept by dropped runs: \(tracker.alive)")
     }
 
+    func testCancelOfASequenceRacingItsCurrentStep() {
+        let stepCount = 12
+        raceCancelAtEveryStep(
+            steps: stepCount,
+            output: { steps, context, captured in
+                Promise.sequence(on: context, Array(0..<stepCount)) { _ in
+                    _ = captured.bytes
+                    return steps.make()
+                }
+            },
+            settle: { step, index, tracker in step.fulfill(Payload(bytes: [UInt8(index)], tracker: tracker)) },
+            lastStepWins: { $0.isFulfilled })
+    }
+
     func testCancelOfARetryRacingItsCurrentAttempt() {
-        let tracker = LifeTracker()
         let attempts = 10
-        for round in 0..<300 {
-            let queue = DispatchQueue(label: "CancelRaceTests.retry")
-            let context: any ExecutionContext = round.isMultiple(of: 2) ? queue : .immediate
-            let k = round % attempts
-            let captured = Payload(bytes: [9], tracker: tracker)
-            let message = raceCancel(
-                round: round, k: k, queue: queue,
-                output: { steps in
-                    Promise.retry(attempts: attempts, on: context) { () -> Promise<Payload> in
-                        _ = captured.bytes
-                        return steps.make()
-                    }
-                },
-                settle: { step, _ in step.reject(Reason(round: -1)) },
-                lastStepWins: { k == attempts - 1 && $0.isRejected })
-            XCTAssertEqual(message, "", "round \(round), cancel at attempt \(k)")
-            if !message.isEmpty { break }
-        }
-        XCTAssertTrue(eventually { tracker.alive == 0 }, "retry bodies kept by dropped runs: \(tracker.alive)")
+        raceCancelAtEveryStep(
+            steps: attempts,
+            output: { steps, context, captured in
+                Promise.retry(attempts: attempts, on: context) { () -> Promise<Payload> in
+                    _ = captured.bytes
+                    return steps.make()
+                }
+            },
+            settle: { step, _, _ in step.reject(Reason(round: -1)) },
+            lastStepWins: { $0.isRejected })
     }
 }

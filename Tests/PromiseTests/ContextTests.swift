@@ -359,12 +359,7 @@ final class ContextTests: XCTestCase {
         let queue = DispatchQueue(label: "PromiseTests.sizedContexts")
         let key = DispatchSpecificKey<Bool>()
         queue.setSpecific(key: key, value: true)
-        let makers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
-            ("one word", { SizedContext(owner: $0) }),
-            ("two words", { WideContext(owner: $0) }),
-            ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
-        ]
-        for (name, make) in makers {
+        for (name, make) in sizedContextMakers {
             weak var sentOwner: ContextOwner?
             weak var unsentOwner: ContextOwner?
             do {
@@ -393,12 +388,7 @@ final class ContextTests: XCTestCase {
         let queue = DispatchQueue(label: "PromiseTests.sizedBoxes")
         let key = DispatchSpecificKey<Bool>()
         queue.setSpecific(key: key, value: true)
-        let makers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
-            ("one word", { SizedContext(owner: $0) }),
-            ("two words", { WideContext(owner: $0) }),
-            ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
-        ]
-        for (name, make) in makers {
+        for (name, make) in sizedContextMakers {
             weak var weakOwner: ContextOwner?
             let onQueue = Flag()
             do {
@@ -502,6 +492,13 @@ final class ContextTests: XCTestCase {
         XCTAssertEqual(value(implicit), false)
     }
 }
+
+/// Contexts of one, two and four words (the last too large to keep inline: boxed).
+private let sizedContextMakers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
+    ("one word", { SizedContext(owner: $0) }),
+    ("two words", { WideContext(owner: $0) }),
+    ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
+]
 
 /// A class a context holds, to see when the context is released.
 private final class ContextOwner: Sendable {
