@@ -1,7 +1,14 @@
-// Cancelling a long-running combinator's output while its current step settles on another
-// thread (`sequence`, `retry`): at most one step starts after the cancel returned, and it
-// is cancelled; the output ends cancelled, or settled by its last step if that one won;
-// once the output is dropped, nothing the run captured is kept.
+// Cancels and drops racing work in progress, from an adversarial pass:
+// - a long-running combinator's output cancelled while its current step settles on another
+//   thread (`sequence`, `retry`): at most one step starts after the cancel returned, and it
+//   is cancelled; the output ends cancelled, or settled by its last step if that one won;
+//   once the output is dropped, nothing the run captured is kept;
+// - a long chain mixing `.immediate`, queues and `.default`, its root fulfilled while its
+//   root or a middle step is cancelled: every step settles, nothing below a cancelled step
+//   is fulfilled, and everything is freed;
+// - every reference to such a chain dropped while its root is fulfilled (or dropped
+//   pending) on another thread: the leaf's observer answers once, with the value or
+//   `brokenPromise`, and every step and value is freed.
 import Dispatch
 import Foundation
 @testable import Promise
@@ -75,12 +82,12 @@ final class CancelRaceTests: XCTestCase {
         return message
     }
 
-    /// How each round ended, printed per test: both orders of the race are expected.
+    /// How each round ended, printed per test: both orders of a race are expected.
     private let outcomes = Recorder<String>()
 
     override func tearDown() {
         let counts = Dictionary(outcomes.values.map { ($0, 1) }, uniquingKeysWith: +)
-        print("\(name): rounds by outcome \(counts.sorted { $0.key < $1.key })")
+        if !counts.isEmpty { print("\(name): rounds by outcome \(counts.sorted { $0.key < $1.key })") }
         super.tearDown()
     }
 
@@ -135,5 +142,115 @@ final class CancelRaceTests: XCTestCase {
             },
             settle: { step, _, _ in step.reject(Reason(round: -1)) },
             lastStepWins: { $0.isRejected })
+    }
+
+    // MARK: Mixed-context chains
+
+    private static let mixedContexts: [any ExecutionContext] = [
+        .immediate, DispatchQueue(label: "CancelRaceTests.serial"), .immediate, .default, .immediate,
+        .concurrent(DispatchQueue(label: "CancelRaceTests.concurrent", attributes: .concurrent)),
+    ]
+
+    /// Weak references to every promise a round made, to see that all of them are freed.
+    private final class Made: @unchecked Sendable {
+        private let weaks = Recorder<WeakPromise>()
+        func add(_ promise: AnyPromise) {
+            let weak = WeakPromise()
+            weak.promise = promise
+            weaks.append(weak)
+        }
+        var alive: Int { weaks.values.filter { $0.promise != nil }.count }
+    }
+
+    func testCancelOfAMixedChainRacingItsRootsFulfil() {
+        for round in 0..<300 {
+            let made = Made()
+            var message = ""
+            do {
+                let root = Promise<Int>()
+                made.add(root)
+                var steps: [Promise<Int>] = []
+                var last = root
+                for index in 0..<60 {
+                    last = last.then(on: Self.mixedContexts[(index + round) % Self.mixedContexts.count]) { $0 + 1 }
+                    steps.append(last)
+                    made.add(last)
+                }
+                let target: AnyPromise = round.isMultiple(of: 2) ? root : steps[20]
+                let raced = raceOnThreads(threads: 2, rounds: 1) { thread, _ in
+                    if thread == 0 {
+                        root.fulfill(0)
+                    } else {
+                        busyWork(microseconds: round % 10 * 20)  // lands the cancel further down, round by round
+                        target.cancel(reason: Reason(round: round))
+                    }
+                }
+                if !raced { message += "the racing threads hung; " }
+                var sawCancel = false
+                var firstCancelled = steps.count
+                for (index, step) in steps.enumerated() {
+                    do {
+                        let value = try step.wait(timeout: .seconds(10))
+                        if sawCancel { message += "step \(index) fulfilled below a cancelled step; " }
+                        if value != index + 1 { message += "step \(index) has \(value); " }
+                    } catch PromiseError.timedOut {
+                        message += "step \(index) never settled; "
+                        break
+                    } catch {
+                        if error as? Reason != Reason(round: round) { message += "step \(index) failed with \(error); " }
+                        if !sawCancel { firstCancelled = index }
+                        sawCancel = true
+                    }
+                }
+                // Where the cancel caught up with the settle, in tens of steps.
+                outcomes.append("first cancelled step \(firstCancelled / 10 * 10)s")
+            }
+            XCTAssertEqual(message, "", "round \(round)")
+            let freed = eventually(timeout: 5) { made.alive == 0 }
+            XCTAssertTrue(freed, "round \(round): \(made.alive) promises still alive")
+            if !message.isEmpty || !freed { break }
+        }
+    }
+
+    func testDroppingEveryReferenceToAMixedChainWhileItsRootSettles() {
+        let tracker = LifeTracker()
+        for round in 0..<400 {
+            let made = Made()
+            let answers = Recorder<String>()
+            let answered = Countdown(1)
+            let dropRootPending = round % 3 == 0
+            let rootHandoff: Handoff<Promise<Int>>
+            do {
+                let root = Promise<Int>()
+                made.add(root)
+                var last = root.then(on: .immediate) { Payload(bytes: [UInt8(truncatingIfNeeded: $0)], tracker: tracker) }
+                for index in 0..<40 {
+                    last = last.then(on: Self.mixedContexts[(index + round) % Self.mixedContexts.count]) {
+                        Payload(bytes: $0.bytes + [1], tracker: tracker)
+                    }
+                    made.add(last)
+                }
+                last.whenComplete(on: round.isMultiple(of: 2) ? .immediate : .default) { result in
+                    switch result {
+                    case .success(let value): answers.append("a value of \(value.bytes.count) bytes")
+                    case .failure(PromiseError.brokenPromise): answers.append("brokenPromise")
+                    case .failure(let error): answers.append("\(error)")
+                    }
+                    answered.countDown()
+                }
+                rootHandoff = Handoff(root)
+            }
+            // Every reference this thread held is gone; the other thread has the last one.
+            DispatchQueue.global().async {
+                if dropRootPending { _ = rootHandoff.take() } else { rootHandoff.take()?.fulfill(0) }
+            }
+            XCTAssertTrue(answered.wait(), "round \(round): the leaf's observer never answered")
+            XCTAssertEqual(answers.values, [dropRootPending ? "brokenPromise" : "a value of 41 bytes"], "round \(round)")
+            XCTAssertEqual(answered.overshoot, 0, "round \(round): the observer answered twice")
+            let freed = eventually(timeout: 5) { made.alive == 0 }
+            XCTAssertTrue(freed, "round \(round): \(made.alive) promises still alive")
+            if !freed { break }
+        }
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "values still alive: \(tracker.alive)")
     }
 }
