@@ -115,7 +115,6 @@ public class AnyPromise: @unchecked Sendable {
 
     /// A derived promise whose handler runs on `.immediate` (inline, through the
     /// trampoline), or that has no handler: it stores no context.
-    @inlinable
     final var runsHandlerInline: Bool { handlerPlace == .inline }
     /// No parent (and no `DerivedPromise` lineage): `continuation` is free for the first
     /// `whenComplete` (see `claimFirstObserverSlot`).

@@ -137,6 +137,8 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
         lineage = Lineage(parent: Unmanaged.passUnretained(parent))
         super.init(derived: ())
         checkLineageOffset()
+        assert((handlerPlace == .storedContext) == (self is ContextDerivedPromise<Value>),
+               "only a ContextDerivedPromise has room for a stored context")
         self.handlerPlace = handlerPlace
         // Initialised in place over the fresh nil: an assignment would first destroy the
         // old value through the handler's (opaque) release, and retain and release `self`

@@ -130,11 +130,12 @@ extension ExecutionContext {
 
 // MARK: A context stored in a derived promise
 
-/// A handler's context as a derived promise stores it: 32 bytes where an
-/// `any ExecutionContext` takes 40. A context of at most two words (a queue, `.default`,
-/// `.concurrent(queue)`, an event loop) sits in `payload` as itself; a larger one in a
-/// box there (one allocation, for contexts few use). `type` says which, and is nil for
-/// `.immediate`, which is never stored.
+/// A handler's context as a derived promise or a queued `whenComplete` box stores it: 32
+/// bytes where an `any ExecutionContext` takes 40. A context of at most two words (a
+/// queue, `.concurrent(queue)`, an event loop) sits in `payload` as itself; a larger one
+/// in a box there (one allocation, for contexts few use). `type` says which, and is nil
+/// once the context was sent. `.immediate` and `.default` are never stored: the first
+/// runs inline, the second's queue is one for all.
 ///
 /// Plain data to Swift: whoever holds one moves the context out once (`send`), or
 /// destroys it (`destroy`) if it was never sent.

@@ -5,8 +5,9 @@ import CPromiseCore
 /// property (see `CoreBridge.swift`).
 ///
 /// A box runs inline, through the trampoline (`.immediate`), unless it is `queued`: then
-/// its subclass holds a context and overrides `sendToContext`. The immediate kinds carry
-/// no context at all: destroying even an empty existential costs a value witness call.
+/// its subclass overrides `scheduleFire`, sending the box to its context (one it stores,
+/// or the default queue, which needs none). The immediate kinds carry no context at all:
+/// destroying even an empty existential costs a value witness call.
 @usableFromInline
 class ObserverBox: @unchecked Sendable {
     final var node = pc_node()
@@ -100,7 +101,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
     }
 
     deinit {
-        context.destroy()  // fired but dropped unsent, or never fired
+        context.destroy()  // never fired (once sent, the context moved out: nothing to do)
     }
 
     @usableFromInline

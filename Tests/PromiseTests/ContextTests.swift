@@ -359,7 +359,8 @@ final class ContextTests: XCTestCase {
         let queue = DispatchQueue(label: "PromiseTests.sizedContexts")
         let key = DispatchSpecificKey<Bool>()
         queue.setSpecific(key: key, value: true)
-        for (name, make) in sizedContextMakers {
+        XCTAssertEqual(sizedContextMakers.map(\.size), [8, 16, 32])
+        for (name, _, make) in sizedContextMakers {
             weak var sentOwner: ContextOwner?
             weak var unsentOwner: ContextOwner?
             do {
@@ -388,7 +389,8 @@ final class ContextTests: XCTestCase {
         let queue = DispatchQueue(label: "PromiseTests.sizedBoxes")
         let key = DispatchSpecificKey<Bool>()
         queue.setSpecific(key: key, value: true)
-        for (name, make) in sizedContextMakers {
+        XCTAssertEqual(sizedContextMakers.map(\.size), [8, 16, 32])
+        for (name, _, make) in sizedContextMakers {
             weak var weakOwner: ContextOwner?
             let onQueue = Flag()
             do {
@@ -493,11 +495,12 @@ final class ContextTests: XCTestCase {
     }
 }
 
-/// Contexts of one, two and four words (the last too large to keep inline: boxed).
-private let sizedContextMakers: [(name: String, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
-    ("one word", { SizedContext(owner: $0) }),
-    ("two words", { WideContext(owner: $0) }),
-    ("four words, boxed", { SizedContext(owner: $0, extra: (1, 0, 0)) }),
+/// Contexts of one, two and four words: the first two inline, the last boxed (the tests
+/// check the sizes, so that each path is the one its name says).
+private let sizedContextMakers: [(name: String, size: Int, make: @Sendable (ContextOwner) -> any ExecutionContext)] = [
+    ("one word", MemoryLayout<NarrowContext>.size, { NarrowContext(owner: $0) }),
+    ("two words", MemoryLayout<WideContext>.size, { WideContext(owner: $0) }),
+    ("four words, boxed", MemoryLayout<LargeContext>.size, { LargeContext(owner: $0) }),
 ]
 
 /// A class a context holds, to see when the context is released.
@@ -506,10 +509,16 @@ private final class ContextOwner: Sendable {
     init(queue: DispatchQueue) { self.queue = queue }
 }
 
-/// One word (a reference), or four with `extra`: inline, or boxed.
-private struct SizedContext: ExecutionContext {
+/// One word: a reference, inline.
+private struct NarrowContext: ExecutionContext {
     let owner: ContextOwner
-    var extra: (Int, Int, Int)? = nil
+    func execute(_ work: @escaping @Sendable () -> Void) { owner.queue.async(execute: work) }
+}
+
+/// Four words and more: boxed.
+private struct LargeContext: ExecutionContext {
+    let owner: ContextOwner
+    let extra: (Int, Int, Int) = (1, 0, 0)
     func execute(_ work: @escaping @Sendable () -> Void) { owner.queue.async(execute: work) }
 }
 

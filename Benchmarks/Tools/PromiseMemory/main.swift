@@ -93,25 +93,36 @@ rows.append(Row(case: "mem:root+2-observers", impl: "nio", bytes: nioTwoObserver
 
 // The same with both observers on `.default`, what `whenComplete` without `on:` makes: the
 // first in the root's own slot, the second in a box. They run on the default queue once
-// the roots are fulfilled; the next case is measured only after all of them ran and let go
-// (they count themselves in a global, so the closures capture nothing and allocate nothing).
+// the roots are fulfilled, freeing what they held; so that this happens before the next
+// case is measured, the release waits until every one of them has run (they count
+// themselves in a global: the closures capture nothing and allocate nothing). The last
+// few may still be returning as the next case starts: a few hundred bytes in all, not
+// per item.
 final class RunCount: @unchecked Sendable {
     private let lock = NSLock()
     private var runs = 0
     func add() { lock.withLock { runs += 1 } }
     var value: Int { lock.withLock { runs } }
+
+    /// Waits until `expected` runs were counted since the last reset, then resets.
+    func awaitRuns(_ expected: Int) {
+        let deadline = Date().addingTimeInterval(60)
+        while value < expected {
+            precondition(Date() < deadline, "PromiseMemory: .default handlers did not all run within 60 s")
+            usleep(100)
+        }
+        lock.withLock { runs = 0 }
+    }
 }
-let defaultObserverRuns = RunCount()
+let defaultRuns = RunCount()
 rows.append(Row(case: "mem:root+2-observers-default", impl: "promise", bytes: perItem({ () -> Promise<Int> in
     let root = Promise<Int>()
-    root.whenComplete { _ in defaultObserverRuns.add() }
-    root.whenComplete { _ in defaultObserverRuns.add() }
+    root.whenComplete { _ in defaultRuns.add() }
+    root.whenComplete { _ in defaultRuns.add() }
     return root
 }) { roots in
     for root in roots { root.fulfill(0) }
-    let deadline = Date().addingTimeInterval(60)
-    // (A box or two may still be freeing itself as the next case starts: bytes, not per item.)
-    while defaultObserverRuns.value < 2 * roots.count && Date() < deadline { usleep(100) }
+    defaultRuns.awaitRuns(2 * roots.count)
 }, perItem: true))
 rows.append(Row(case: "mem:root+2-observers-default", impl: "nio", bytes: nioTwoObservers, perItem: true))
 
@@ -135,9 +146,13 @@ rows.append(Row(case: "mem:root+then", impl: "nio", bytes: nioMapChild, perItem:
 // The same with the child on `.default`, what a `then` without `on:` makes.
 rows.append(Row(case: "mem:root+then-default", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
     let root = Promise<Int>()
-    return (root, root.then { $0 + 1 })
+    return (root, root.then { value -> Int in
+        defaultRuns.add()  // on the default queue, after the fulfil below (see the observers row)
+        return value + 1
+    })
 }) { pairs in
     for (root, _) in pairs { root.fulfill(0) }
+    defaultRuns.awaitRuns(pairs.count)
 }, perItem: true))
 rows.append(Row(case: "mem:root+then-default", impl: "nio", bytes: nioMapChild, perItem: true))
 
