@@ -70,17 +70,20 @@ extension AnyPromise {
     /// cancelled with it, which settles it). A child whose handler has an error side stays:
     /// a cancel of its parent still runs that side, for clean-up (`runContinuation`).
     ///
-    /// The parent is first looked at through its held memory, with no retain: in the
-    /// cancel of a tree, every descendant's parent has just settled.
+    /// Each is first looked at through its held memory, with no retain: in the cancel of a
+    /// tree, every descendant's parent has just settled.
     private final func leavePendingSources(claimedFrom from: UInt32) {
-        if let address = parentAddress, HeldMemory.isPendingPromise(at: address),
-           let parent = HeldMemory.promiseIfAlive(at: address) {
-            parent.observerGaveUp()
+        if let parent = parentAddress { AnyPromise.observerGaveUp(onPromiseAt: parent) }
+        if from == PC_CLAIM_FOLLOWING, followeeToCancel == nil, let followee = followeeAddress {
+            AnyPromise.observerGaveUp(onPromiseAt: followee)
         }
-        if from == PC_CLAIM_FOLLOWING, followeeToCancel == nil,
-           let followee = followeeAddress.flatMap(HeldMemory.promiseIfAlive), followee.isPending {
-            followee.observerGaveUp()
-        }
+    }
+
+    /// `observerGaveUp` on the promise at `address`, whose memory the caller holds: only
+    /// if it is pending (one load, no retain) and still alive.
+    private static func observerGaveUp(onPromiseAt address: UnsafeMutableRawPointer) {
+        guard HeldMemory.isPendingPromise(at: address), let promise = HeldMemory.promiseIfAlive(at: address) else { return }
+        promise.observerGaveUp()
     }
 
     /// Whether this promise's own node, while registered on a pending promise, waits for
