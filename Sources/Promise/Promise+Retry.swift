@@ -88,7 +88,10 @@ public struct RetryBackoff: Sendable, Equatable {
         let seconds = initial.inSeconds * power(multiplier, attempt - 1)
         guard seconds < maximum.inSeconds else { return maximum }
         // Whole nanoseconds (Dispatch's resolution): 0.1 s * 3 is 0.3 s, not 0.30000000000000004.
-        return .nanoseconds(Int64((seconds * 1e9).rounded()))
+        // Past Int64's nanoseconds (about 292 years, under a cap set that high), whole
+        // seconds: such a pause never elapses anyway (see `PromiseTimer.horizon`).
+        let nanoseconds = (seconds * 1e9).rounded()
+        return nanoseconds < Double(Int64.max) ? .nanoseconds(Int64(nanoseconds)) : .seconds(seconds.rounded())
     }
 
     /// `pause(afterAttempt:)` with the jitter drawn from `random`.

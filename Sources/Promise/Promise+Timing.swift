@@ -5,13 +5,17 @@ import Dispatch
 // is cancelled or settles first.
 
 extension Duration {
-    /// The dispatch deadline `self` from now (negative durations mean now).
+    /// The dispatch deadline `self` from now: negative durations mean now, and those past
+    /// `PromiseTimer.horizon` never (`distantFuture`), rather than wrapping around the
+    /// nanoseconds Dispatch counts in (`.seconds(Int64.max)`, "no timeout", would wrap to
+    /// a deadline in the past).
     var dispatchDeadline: DispatchTime {
+        guard self <= PromiseTimer.horizon else { return .distantFuture }
         let (seconds, attoseconds) = components
         let nanoseconds = seconds > 0 || (seconds == 0 && attoseconds > 0)
-            ? seconds.multipliedReportingOverflow(by: 1_000_000_000).partialValue + attoseconds / 1_000_000_000
+            ? seconds * 1_000_000_000 + attoseconds / 1_000_000_000
             : 0
-        return .now() + .nanoseconds(Int(clamping: nanoseconds))
+        return .now() + .nanoseconds(Int(nanoseconds))
     }
 }
 
@@ -35,15 +39,27 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
     private enum Handle {
         case dispatch(DispatchWorkItem)
         case task(Task<Void, Never>)
+        /// An interval past `horizon`: nothing is scheduled; `work` waits for the cancel.
+        case never
     }
 
     private let handle: Handle
     private let box: TimerWork
 
+    /// The longest interval a timer counts down: a hundred years (of 365.25 days). A longer
+    /// one never elapses: no timer is set, so `timeout(.seconds(Int64.max))` means "no
+    /// timeout", as it reads, instead of overflowing the nanoseconds that Dispatch, and the
+    /// runtime under `Task.sleep`, count in (about 292 years).
+    static let horizon = Duration.seconds(3_155_760_000)
+
     /// On Dispatch: `work` runs on a global queue `interval` from now.
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
         let box = TimerWork(work)
         self.box = box
+        guard interval <= PromiseTimer.horizon else {
+            handle = .never
+            return
+        }
         let item = DispatchWorkItem { box.take()?() }
         handle = .dispatch(item)
         DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
@@ -64,7 +80,12 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
     }
 
     /// On `clock`: `work` runs once `interval` has passed on it, counted from now.
+    /// An interval past `horizon` never elapses, as on Dispatch.
     init<C: Clock>(after interval: Duration, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
+        guard interval <= PromiseTimer.horizon else {
+            self.init(after: interval, work)  // sets no timer, on Dispatch or the clock
+            return
+        }
         self.init(at: clock.now.advanced(by: interval), on: clock, work)
     }
 
@@ -72,6 +93,7 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
         switch handle {
         case .dispatch(let item): item.cancel()
         case .task(let task): task.cancel()
+        case .never: break
         }
         _ = box.take()
     }
@@ -106,7 +128,8 @@ extension Promise where Value == Void {
     /// Promise.after(.seconds(1)).then { print("a second later") }
     /// ```
     ///
-    /// Cancelling it cancels the timer.
+    /// Cancelling it cancels the timer. An interval longer than a hundred years never
+    /// elapses (no timer is set).
     public static func after(_ interval: Duration) -> Promise<Void> {
         .fulfilling(()) { PromiseTimer(after: interval, $0) }
     }
@@ -147,6 +170,7 @@ extension Promise {
     /// The child is an ordinary pending promise until the timer fires: whoever holds it
     /// may still settle it (an outside `reject` before the time is up wins, and the timer
     /// then does nothing). Cancelling or settling it stops its timer (never the receiver).
+    /// An interval longer than a hundred years never elapses.
     public func delay(_ interval: Duration) -> Promise<Value> {
         delay { PromiseTimer(after: interval, $0) }
     }
@@ -187,6 +211,9 @@ extension Promise {
     /// place of the promise's first waiter among its observers, and after the threads and
     /// Tasks waiting on this promise woke: a `wait()` on this promise may return while the
     /// child, made earlier, is still pending for an instant.
+    ///
+    /// An interval longer than a hundred years never elapses: `.seconds(Int64.max)` means
+    /// no timeout.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         timeout { PromiseTimer(after: interval, $0) }
     }

@@ -23,7 +23,8 @@ extension Promise {
 
     /// Like `wait()`, but gives up after `timeout` and throws `PromiseError.timedOut`
     /// (the promise itself is untouched). A wait that gave up leaves nothing behind, so
-    /// polling a long-lived pending promise runs in constant memory.
+    /// polling a long-lived pending promise runs in constant memory. A timeout longer than
+    /// a hundred years never elapses, as `wait()`.
     ///
     /// ```swift
     /// let page = try fetch(url).wait(timeout: .seconds(1))

@@ -113,6 +113,30 @@ final class ClockTests: XCTestCase {
         XCTAssertEqual(try settled.wait(timeout: testTimeout), 2)
     }
 
+    /// Intervals too long for Dispatch's nanoseconds (`.seconds(Int64.max)`: "no timeout")
+    /// never elapse. They used to wrap around to a deadline in the past and fire at once.
+    func testHugeIntervalsNeverElapse() throws {
+        let receiver = Promise<Int>()
+        let noTimeout = receiver.timeout(.seconds(Int64.max))
+        let never = Promise<Void>.after(.seconds(10_000_000_000))
+        let delayed = Promise(value: 1).delay(.milliseconds(Int64.max))
+        let clock = ManualClock()
+        let neverOnAClock = Promise<Void>.after(.seconds(Int64.max), clock: clock)
+        // A short timer made after them fires: a wrapped deadline (now) would have by then.
+        XCTAssertNoThrow(try Promise<Void>.after(.milliseconds(50)).wait(timeout: testTimeout))
+        XCTAssertTrue(noTimeout.isPending, "\(noTimeout)")
+        XCTAssertTrue(never.isPending, "\(never)")
+        XCTAssertTrue(delayed.isPending, "\(delayed)")
+        XCTAssertTrue(neverOnAClock.isPending, "\(neverOnAClock)")
+        XCTAssertEqual(clock.sleeperCount, 0, "a timer past a hundred years sleeps on the clock")
+        // A wait with such a timeout waits for the outcome.
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { receiver.fulfill(7) }
+        XCTAssertEqual(try receiver.wait(timeout: .seconds(Int64.max)), 7)
+        XCTAssertEqual(try noTimeout.wait(timeout: testTimeout), 7)
+        never.cancel(); delayed.cancel(); neverOnAClock.cancel()
+        XCTAssertTrue(never.isCancelled && delayed.isCancelled && neverOnAClock.isCancelled)
+    }
+
     func testTimeoutUntilOnDispatchLetsAPromiseInTimeThrough() throws {
         let receiver = Promise<Int>()
         let child = receiver.timeout(until: .now + .seconds(60))

@@ -107,6 +107,26 @@ final class RetryPolicyTests: XCTestCase {
         XCTAssertEqual(RetryBackoff.fixed(.seconds(2)).pause(afterAttempt: 1_000_000), .seconds(2))
     }
 
+    /// A pause past Int64's nanoseconds (about 292 years), under a cap set as high, is a
+    /// duration, not a trap: it never elapses, and a cancel still ends the run.
+    func testPausesBeyondNanosecondsUnderAHighCapDoNotTrap() {
+        let steep = RetryBackoff.exponential(initial: .milliseconds(10), multiplier: 1e12, maximum: .seconds(Int64.max))
+        XCTAssertEqual(steep.pause(afterAttempt: 2), .seconds(10_000_000_000))
+        let clock = ManualClock()
+        let calls = Counter()
+        let output = Promise<Int>.retry(attempts: 3, backoff: steep, clock: clock, on: .immediate) {
+            calls.increment()
+            return Promise(error: Transient(attempt: calls.value))
+        }
+        XCTAssertTrue(clock.waitForSleepers(1))
+        clock.advance(by: .milliseconds(10))
+        XCTAssertTrue(eventually { calls.value == 2 })
+        XCTAssertTrue(output.isPending, "the second pause elapsed: \(output)")
+        output.cancel()
+        XCTAssertTrue(output.isCancelled)
+        XCTAssertEqual(calls.value, 2)
+    }
+
     func testBackoffValuesOutOfRangeRejectWithASentenceAndCallNothing() {
         let cases: [(RetryBackoff, String)] = [
             (.fixed(.seconds(-1)), "the first pause (-1.0 seconds) is negative"),
