@@ -1797,7 +1797,9 @@ init {
  * flight, register on Q, look up, `forwardCancelIfClaimed`); B's step keeps A until the
  * cascade ends. In some runs B's holder settles B early, while A may still be pending
  * (a side branch settled early, as `timeout` does): then that thread fires L and F, and
- * their links go into A's registry while A is pending, and into R's. The canceller holds
+ * their links go into A's registry while A is pending, and into R's; and B, below a
+ * pending A, links itself up and leaves A's list (`leavePendingParent`: a prune takes
+ * its node once its walk is done, so A's fire may never see B). The canceller holds
  * one of R, A or B (each a separate run) and cancels it: a pending promise takes the
  * cancel and fires its observers with it; a settled one publishes the reason and forwards
  * through its registry; a follower forwards to its followee; a promise that links itself
@@ -1837,7 +1839,10 @@ init {
  *                                flight drops at once when it sees it settled (found here);
  *   -DBROKEN_EARLY_CHILD_UNLINKED a parent that fires a child settled early does not link
  *                                it (the library before this model: R's cancel is lost when
- *                                R dies before the link walk of L, below B, reaches A).
+ *                                R dies before the link walk of L, below B, reaches A);
+ *   -DBROKEN_CARRIER_SKIPS_REGISTRY a cancel that reaches a promise carrying one already
+ *                                (cancelled by its claim's look-up) does not walk its
+ *                                registry: A then misses B, which left its list, and L.
  *
  * The rules these last variants remove were found by this model, its stress test and a
  * review, and a test in LifetimeModelTests shows each gap on the library without them:
@@ -1879,6 +1884,8 @@ bit  lqueued;         /* L's job is on its queue (holding L, and B for L's handl
 bit  lclaimed;        /* B's holder won B's claim (its publish may not have come yet) */
 bit  bQueued;         /* B = A.then(on: queue) in this run, not A.then(.immediate) */
 bit  lbJob;           /* B's job is on its queue (holding B, and A for B's handler) */
+bit  lleft;          /* B, settled early below a pending A, walked its links up: its
+                        node may leave A's list (PC_TREE_LEFT_PARENT) */
 byte target;
 
 #define LNOT_ROOT(n) (lparent[n] != LNONE)
@@ -1966,7 +1973,25 @@ inline lcancel_one(n) {
           c++
        :: else -> break
        od
-    :: else -> skip                                     /* carries it already */
+    :: else ->
+       /* Carries it already (cancelled by its claim's look-up, say): its registry is
+        * still walked (cancelOne's forEachLinkedChild runs whatever the claim did), which
+        * is how children that left its list while it was pending take the cancel
+        * (-DBROKEN_CARRIER_SKIPS_REGISTRY: not walked). */
+#ifndef BROKEN_CARRIER_SKIPS_REGISTRY
+       c = 0;
+       do
+       :: c < LN ->
+          if
+          :: lalive[n] && lparent[c] == n && llinked[c] && lalive[c] -> lrefs[c]++; lrelease[c]++; todo = todo | BIT(c)
+          :: else
+          fi;
+          c++
+       :: else -> break
+       od
+#else
+       skip
+#endif
     fi;
     do :: lrelease[n] > 0 -> lrelease[n]--; ldrop(n) :: else -> break od;
     skip
@@ -2235,11 +2260,33 @@ proctype LSideSettler() {      /* B's holder fulfils B early: claim, then publis
        d_step { lstate[LB] = FULFILLED; keepSelf = lself[LB]; lfire_children_of_B(0) };
        ldrain();
        if :: firedLF -> lfire_queued(); lrun_follower() :: else fi;
-       if :: keepSelf -> d_step { ldrop_self(LB) } :: else fi
+       if :: keepSelf -> d_step { ldrop_self(LB) } :: else fi;
+       /* leavePendingParent: below a pending A, B links itself and A up, then marks the
+        * walk done, after which a prune may take its node off A's list (LPruner), so
+        * A's fire never sees B. */
+       d_step { carried = (lstate[LA] == PENDING && lalive[LA]) };
+       if
+       :: carried -> llink(LB); d_step { lleft = 1 }
+       :: else
+       fi
     :: else
     fi;
     if :: keptA -> d_step { ldrop(LA) } :: else fi;   /* the cascade ends */
     d_step { ldrop(LB) }
+}
+
+/* A prune of A's list, by whichever thread's give-up runs it (observerGaveUp): it takes
+ * B's node off while A is pending, once B's walk is done, and lets go of the node's
+ * reference on B. A's fire then skips B, and A's cancel reaches B through its link. */
+proctype LPruner() {
+endIdle:                       /* a valid end: B may never leave */
+    lleft;
+    d_step {
+        if
+        :: lstate[LA] == PENDING && !lfired[LB] -> lfired[LB] = 1; ldrop(LB)
+        :: else
+        fi
+    }
 }
 
 proctype LBQueue() {           /* B's queue runs B's job */
@@ -2293,7 +2340,7 @@ init {
         if :: side = 1; lrefs[LB] = lrefs[LB] + 1 :: side = 0 fi;
         if :: bQueued = 1 :: bQueued = 0 fi;
         run LRootSettler(); run LCanceller();
-        if :: side -> run LSideSettler() :: else fi;
+        if :: side -> run LSideSettler(); run LPruner() :: else fi;
         if :: bQueued -> run LBQueue() :: else fi
     }
     timeout;

@@ -122,6 +122,7 @@ $(eval $(call verify_run,broken-lifetime-root-not-kept,fail,-DLIFETIME_MODEL -DB
 $(eval $(call verify_run,broken-lifetime-link-stops-at-linked,fail,-DLIFETIME_MODEL -DBROKEN_LINK_STOPS_AT_LINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-in-flight-keeps-nothing,fail,-DLIFETIME_MODEL -DBROKEN_IN_FLIGHT_KEEPS_NOTHING,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"

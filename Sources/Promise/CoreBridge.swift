@@ -164,7 +164,11 @@ extension AnyPromise {
     /// the parent `parentToKeepForSettle` returned.
     @inlinable
     final func publishOutcomeFromHolder(keeping parent: Unmanaged<AnyPromise>?) {
-        guard let parent else { return publishClaimedOutcome() }
+        guard let parent else {
+            publishClaimedOutcome()
+            if !isRoot { leaveParentIfPending() }
+            return
+        }
         publishKeepingParent(parent)
     }
 
@@ -183,6 +187,7 @@ extension AnyPromise {
     @usableFromInline
     final func publishKeepingParent(_ parent: Unmanaged<AnyPromise>) {
         publishClaimedOutcome()
+        parent._withUnsafeGuaranteedRef { leavePendingParent($0) }
         if keepUntilCascadeEnds(parent, then: releaseKeptPromise) { return }
         parent.release()
     }
@@ -532,6 +537,7 @@ enum TreeFlag {
     @inlinable static var cancelClaimed: UInt { UInt(PC_TREE_CANCEL_CLAIMED) }
     @inlinable static var cancelPublished: UInt { UInt(PC_TREE_CANCEL_PUBLISHED) }
     @inlinable static var errorSeen: UInt { UInt(PC_TREE_ERROR_SEEN) }
+    static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
 }
 
 extension AnyPromise {

@@ -24,7 +24,11 @@ import CPromiseCore
 //   (`publishKeepingParent`, CoreBridge.swift), and its parent, firing it, links it up
 //   (`linkIntoParentChain`, which links the parent even when the child is linked): no
 //   handler holds that path, and its descendants may be linking up on another thread
-//   while the ancestors above are cancelled and let go.
+//   while the ancestors above are cancelled and let go. Below a parent still pending it
+//   links itself up at once and then leaves the parent's list (`leavePendingParent`),
+//   after which the parent's fire does not see it: a cancel reaches it through the
+//   parent's registry, which a cancel walks even when it finds the parent cancelled
+//   already (`cancelOne`).
 
 extension AnyPromise {
     /// In a cascade of handlers run inline by one settling call (`.immediate` children

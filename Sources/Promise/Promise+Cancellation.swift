@@ -58,6 +58,10 @@ extension AnyPromise {
             _ = setTreeFlag(TreeFlag.cancelPublished)
             ForwardingEpoch.end()
         }
+        // Walked whatever the claim above did: a child that left this promise's list while
+        // it was pending (`leavePendingParent`) is reached only here, also when this
+        // promise's own claim took a cancel first (the spin model's
+        // -DBROKEN_CARRIER_SKIPS_REGISTRY).
         forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
     }
 
@@ -93,7 +97,44 @@ extension AnyPromise {
     /// the node's registration: `continuation` is the handler the initialiser stored (on
     /// a parent's list), or already taken before the node went on to a followee's.
     final var waitsForNothing: Bool {
-        claimHint == UInt(PC_CANCELLED) && continuation?.hasErrorSide != true
+        // Settled otherwise before its parent: only once its link walk is done
+        // (`leavePendingParent`).
+        let takesNothing = claimHint == UInt(PC_CANCELLED) || treeFlags & TreeFlag.leftParent != 0
+        return takesNothing && continuation?.hasErrorSide != true
+    }
+
+    /// A derived promise settled early, by its holder or by the promise `resolve(with:)`
+    /// made it follow, while its parent is still pending: its own node on the parent waits
+    /// for nothing any more, unless its handler has an error side, which a cancel of the
+    /// parent still runs, for clean-up (the prune keeps such a node: `waitsForNothing`).
+    /// So it links itself, and its pending parent, up the chain, as the parent's fire
+    /// would have done (`runContinuation`): the way a later cancel of the parent or above
+    /// reaches its descendants in flight. Only once that walk is done may its node leave
+    /// (`TreeFlag.leftParent`, which `waitsForNothing` reads): a walk that pauses before
+    /// it reaches an ancestor may find it cancelled and gone when it resumes, and then the
+    /// parent's fire, which links the parent up while its own parent is held, is what
+    /// still reaches the ancestor (the spin model's `-DLIFETIME_MODEL` checks this).
+    /// Then it gives up on the parent, so that a long-lived parent keeps a bounded number
+    /// of such children, and none of their handlers' captures. A cancel leaves through
+    /// `leavePendingSources` instead: its descendants take the cancel, and need no link.
+    ///
+    /// - Parameter parent: this promise's parent, which the caller holds.
+    @usableFromInline
+    final func leavePendingParent(_ parent: AnyPromise) {
+        guard claimHint != UInt(PC_CANCELLED), parent.isPending else { return }
+        linkIntoParentChain(parent: parent)
+        _ = setTreeFlag(TreeFlag.leftParent)
+        parent.observerGaveUp()
+    }
+
+    /// `leavePendingParent` for a caller that does not hold the parent: only if the
+    /// parent is pending (one load through its held memory, no retain) and alive.
+    @usableFromInline @inline(never)
+    final func leaveParentIfPending() {
+        guard claimHint != UInt(PC_CANCELLED), let address = parentAddress,
+              HeldMemory.isPendingPromise(at: address), let parent = HeldMemory.promiseIfAlive(at: address)
+        else { return }
+        leavePendingParent(parent)
     }
 
     /// The reason descendants must be cancelled with: this promise's own if it is

@@ -144,6 +144,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
             guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
             storeValue(value)
             pc_publish(corePointer)
+            if !isRoot { leaveParentIfPending() }  // a root's child settled early
             return true
         }
         return fulfillKeepingParent(value)

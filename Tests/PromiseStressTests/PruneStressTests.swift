@@ -13,7 +13,9 @@
 // (each cancel is a give-up, and prunes run), while a third thread fulfils or cancels
 // the parent at a varying point. A handler runs at most once, and a child ends fulfilled
 // only after its handler ran; an error side runs once when the parent ends cancelled,
-// never when it is fulfilled; nothing is kept once everything settled.
+// never when it is fulfilled; nothing is kept once everything settled. And for children
+// the test settles early itself, which leave the pending parent after linking up: a
+// cancel of the root still reaches the descendants below them.
 import Dispatch
 import Foundation
 import Promise
@@ -172,6 +174,124 @@ final class PruneStressTests: XCTestCase {
             return true
         }
     }
+}
+
+extension PruneStressTests {
+    /// Children settled early by the test (fulfilled, rejected, or through a promise they
+    /// follow) leave a pending parent, linking themselves up first, while a third thread
+    /// fulfils or cancels the parent's root at a varying point; below some of them, a
+    /// descendant waits on a queue held suspended until the round's end. Whoever wins
+    /// each race, a cancel of the root reaches every descendant (through the registries,
+    /// since a child that left is on no list), and nothing is kept.
+    func testChildrenSettledEarlyLeaveAParentWhileItsRootSettles() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let contextQueue = DispatchQueue(label: "PruneStressTests.settled-early")
+        let childrenPerSeat = 24
+        var cancelledRounds = 0
+        var earlyRounds = 0  // rounds where the test settled a child while the parent was pending
+
+        runStressRounds("prunes: children settled early leave a parent while its root settles", invariants: [
+            "every child settles; the handler of one the test settled before its parent never runs",
+            "a handler runs at most once",
+            "when the root was cancelled, every descendant ends cancelled and its handler never runs",
+            "when the root was fulfilled, every descendant ends fulfilled",
+            "no child, descendant or captured value is kept once everything settled",
+        ], details: {
+            "rounds with the root cancelled \(cancelledRounds), with a child settled by the test while its parent was pending \(earlyRounds)"
+        }) { checker in
+            let round = checker.round
+            let root = Promise<Int>()
+            // A derived parent (settles keep it: `publishKeepingParent`) or a root one
+            // (`leaveParentIfPending`).
+            let parent = round.isMultiple(of: 2) ? root.then(on: .immediate) { $0 } : root
+            let descendantQueue = DispatchQueue(label: "PruneStressTests.descendants")
+            descendantQueue.suspend()
+            let captures = Locked(0)
+            let made = Locked<[EarlyChild]>([])
+            let weaks = Locked<[WeakPromiseRef]>([])
+            let settledEarly = Locked(false)
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 2 {
+                    spin(random.below(3_000))
+                    if round.isMultiple(of: 3) { root.cancel() } else { root.fulfill(1) }
+                    return
+                }
+                var mine: [EarlyChild] = []
+                var kept: [WeakPromiseRef] = []
+                for index in 0..<childrenPerSeat {
+                    let ran = Locked(0)
+                    let captured = CountedCapture(captures)
+                    let context: any ExecutionContext = [.immediate, .default, contextQueue][index % 3]
+                    let child = parent.then(on: context) { value in ran.withLock { $0 += 1 }; return value + captured.value }
+                    let settledByTest: Bool
+                    switch random.below(3) {
+                    case 0: settledByTest = child.fulfill(-index)
+                    case 1: settledByTest = child.reject(StressError(id: index))
+                    default:
+                        let followed = Promise<Int>()
+                        child.resolve(with: followed)
+                        followed.fulfill(-index)
+                        settledByTest = (try? child.wait(timeout: .zero)) == -index
+                    }
+                    // Settled while the parent was still pending after it: its handler can
+                    // never run (the parent's fire finds it claimed).
+                    let early = settledByTest && parent.isPending
+                    if early { settledEarly.withLock { $0 = true } }
+                    let descendant: Promise<Int>? = random.below(2) == 0
+                        ? child.then(on: descendantQueue) { value in value }
+                        : nil
+                    mine.append(EarlyChild(promise: child, ran: ran, settledBeforeParent: early, descendant: descendant))
+                    kept.append(WeakPromiseRef(child))
+                    if let descendant { kept.append(WeakPromiseRef(descendant)) }
+                }
+                made.withLock { $0.append(contentsOf: mine) }
+                weaks.withLock { $0.append(contentsOf: kept) }
+            }
+            checker.check(finished, "round hung")
+            let rootCancelled = root.isCancelled
+            if rootCancelled { cancelledRounds += 1 }
+            if settledEarly.withLock({ $0 }) { earlyRounds += 1 }
+            descendantQueue.resume()
+            do {  // the promises held here go at the end of the block, before the last checks
+                let children = made.withLock { $0 }
+                contextQueue.sync {}
+                for child in children {
+                    _ = try? child.promise.wait(timeout: .seconds(10))
+                    checker.check(!child.promise.isPending, "a child is still pending after its parent settled")
+                    let runs = child.ran.withLock { $0 }
+                    checker.check(runs <= 1, "a handler ran \(runs) times")
+                    if child.settledBeforeParent {
+                        checker.check(runs == 0, "the handler of a child settled before its parent ran")
+                    }
+                    guard let descendant = child.descendant else { continue }
+                    _ = try? descendant.wait(timeout: .seconds(10))
+                    if rootCancelled {
+                        checker.check(descendant.isCancelled, "a descendant missed the root's cancel: \(descendant.state)")
+                    } else if child.promise.isFulfilled {
+                        checker.check(descendant.isFulfilled, "a descendant of a fulfilled child ended \(descendant.state)")
+                    }
+                }
+            }
+            made.withLock { $0.removeAll() }
+            contextQueue.sync {}
+            descendantQueue.sync {}
+            checker.check(becomesTrue { weaks.withLock { $0.allSatisfy { $0.promise == nil } } },
+                          "a child or descendant is still kept")
+            checker.check(becomesTrue { captures.withLock { $0 } == 0 }, "a captured value is still kept")
+            return true
+        }
+    }
+}
+
+/// A child settled early by the test, its handler's run count, and its descendant.
+private struct EarlyChild {
+    let promise: Promise<Int>
+    let ran: Locked<Int>
+    let settledBeforeParent: Bool
+    let descendant: Promise<Int>?
 }
 
 /// A child the test made, and what it needs to check it.

@@ -478,6 +478,118 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertTrue(child.isCancelled)
     }
 
+    /// Children their holder settled early (fulfilled, rejected, or settled by a promise
+    /// they were made to follow) leave a long-lived pending parent as cancelled ones do:
+    /// a bounded number stay registered, with none of their handlers' captures, on every
+    /// context and below a root or a derived parent; none of those handlers runs when
+    /// the parent settles.
+    func testChildrenSettledEarlyLeaveALongLivedPromise() {
+        let contexts: [any ExecutionContext] = [.immediate, .default, DispatchQueue(label: "settled early")]
+        let root = Promise<Int>()
+        let derived = root.then(on: .immediate) { $0 }  // pending: its root is
+        for (index, context) in contexts.enumerated() {
+            for longLived in [root, derived] {
+                let tracker = LifeTracker()
+                let ran = Counter()
+                for round in 0..<2_000 {
+                    let captured = Payload(bytes: [1], tracker: tracker)
+                    let child = longLived.then(on: context) { value -> Int in
+                        ran.increment()
+                        return value + captured.bytes.count
+                    }
+                    switch (round + index) % 3 {
+                    case 0: child.fulfill(round)
+                    case 1: child.reject(Reason(tag: round))
+                    default:
+                        let followed = Promise<Int>()
+                        child.resolve(with: followed)
+                        followed.fulfill(round)
+                    }
+                }
+                let bound = 2 * RareState.minimumGaveUpBeforePrune
+                XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, bound, "children settled early stay registered")
+                XCTAssertLessThanOrEqual(tracker.alive, bound, "children settled early keep their handlers' captures")
+                XCTAssertTrue(longLived.isPending)
+                XCTAssertEqual(ran.value, 0)
+            }
+        }
+        root.fulfill(1)
+        XCTAssertEqual(try? derived.wait(timeout: .seconds(10)), 1)
+    }
+
+    /// A child settled early that left its pending parent is still reached by a cancel
+    /// of the parent: its descendant in flight (queued on a context that has not run it)
+    /// ends cancelled, and its handler never runs. The same for a cancel of the parent's
+    /// parent, after both settled.
+    func testCancelReachesTheDescendantsOfAChildThatLeftItsPendingParent() {
+        for cancelAbove in [false, true] {
+            let root = Promise<Int>()
+            let parent = root.then(on: .immediate) { $0 }
+            let queue = DispatchQueue(label: "descendants")
+            queue.suspend()
+            let ran = Counter()
+            let child = parent.then(on: .immediate) { $0 }
+            child.fulfill(7)
+            let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
+            // Enough siblings settled early that a prune takes the child's node off.
+            for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }
+            XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
+            if cancelAbove {
+                root.fulfill(1)
+                XCTAssertEqual(try? parent.wait(timeout: .seconds(10)), 1)
+                root.cancel()
+            } else {
+                parent.cancel()
+            }
+            queue.resume()
+            XCTAssertThrowsError(try descendant.wait(timeout: .seconds(10)))
+            XCTAssertTrue(descendant.isCancelled, "the cancel missed the descendant: \(descendant.state)")
+            XCTAssertTrue(child.isFulfilled, "a cancel flows down only")
+            queue.sync {}
+            XCTAssertEqual(ran.value, 0, "the descendant's handler ran")
+        }
+    }
+
+    /// A cancel that reaches a parent while its handler runs (forwarded from its root,
+    /// which the handler cancels) reaches the children that left the parent's list while
+    /// it was pending: they wait in its registry, which the cancel walks.
+    func testACancelOfARunningParentReachesTheChildrenThatLeft() {
+        let root = Promise<Int>()
+        let parent = root.then(on: .immediate) { value -> Int in
+            root.cancel()  // settled: forwarded, so this claim finds it
+            return value
+        }
+        let queue = DispatchQueue(label: "left")
+        queue.suspend()
+        let ran = Counter()
+        let child = parent.then(on: .immediate) { $0 }
+        child.fulfill(7)
+        let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
+        for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }  // prunes take the child off
+        XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
+        root.fulfill(1)
+        XCTAssertTrue(parent.isCancelled, "\(parent)")
+        queue.resume()
+        XCTAssertThrowsError(try descendant.wait(timeout: .seconds(10)))
+        XCTAssertTrue(descendant.isCancelled, "the cancel missed a child that left: \(descendant.state)")
+        queue.sync {}
+        XCTAssertEqual(ran.value, 0)
+    }
+
+    /// A child settled early whose handler has an error side stays on its pending
+    /// parent, like a cancelled one: a cancel of the parent still runs that side.
+    func testAChildSettledEarlyWithAnErrorSideStaysForItsCleanUp() {
+        let parent = Promise<Int>()
+        let cleanedUp = Counter()
+        let child = parent.recover(on: .immediate) { _ in cleanedUp.increment(); return 0 }
+        child.fulfill(1)
+        for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }  // prunes run meanwhile
+        XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
+        parent.cancel()
+        XCTAssertEqual(cleanedUp.value, 1, "the error side of a child settled early did not run on the parent's cancel")
+        XCTAssertEqual(try? child.wait(timeout: .seconds(10)), 1)
+    }
+
     /// A `timeout` child whose timer fired is freed while its receiver stays pending.
     func testTimedOutChildIsFreedWhileItsReceiverIsPending() {
         let receiver = Promise<Int>()

@@ -1,7 +1,8 @@
 /*
  * pc_registry.h: what a promise's tree needs after it settled, so that a cancel still
  * reaches what is in flight below it: the cancellation registry (`children`), the tree
- * flags (`tree_flags`: linked, a cancel being forwarded, the first-observer slot taken),
+ * flags (`tree_flags`: linked, a cancel being forwarded, the first-observer slot taken,
+ * an early settle's link walk done),
  * the holds that keep the path of an in-flight descendant alive (`holds`, in the
  * pc_lineage only a derived promise has), and the process-wide forwarding epoch.
  *
@@ -51,7 +52,11 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_ERROR_SEEN 16u      /* an observer read this rejected promise's error (the
                                        overlay's diagnostics: an unhandled rejection is one
                                        freed without it) */
-#define PC_TREE_COUNT_SHIFT 5u      /* the registry's link count sits above the five bits */
+#define PC_TREE_LEFT_PARENT 32u     /* a derived promise settled early (not by its handler)
+                                       linked itself up its chain while its parent was
+                                       pending: its node there may now leave (the overlay's
+                                       prune) */
+#define PC_TREE_COUNT_SHIFT 6u      /* the registry's link count sits above the six bits */
 #define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
                                          in the registry later must be cancelled too */
 
