@@ -166,7 +166,8 @@ extension AnyPromise {
     final func publishOutcomeFromHolder(keeping parent: Unmanaged<AnyPromise>?) {
         guard let parent else {
             publishClaimedOutcome()
-            if !isRoot { leaveParentIfPending() }
+            // (A cancel leaves through `leavePendingSources`.)
+            if !isRoot && claimHint != UInt(PC_CANCELLED) { leaveParentIfPending() }
             return
         }
         publishKeepingParent(parent)

@@ -141,6 +141,7 @@ extension AnyPromise {
         case .following:
             role = .idle
             publishClaimedOutcome()
+            passOnAdoptedCancel()
             return false
         case .idle:
             preconditionFailure("CPromiseCore deferred an idle node")

@@ -27,8 +27,9 @@ import CPromiseCore
 //   while the ancestors above are cancelled and let go. Below a parent still pending it
 //   links itself up at once and then leaves the parent's list (`leavePendingParent`),
 //   after which the parent's fire does not see it: a cancel reaches it through the
-//   parent's registry, which a cancel walks even when it finds the parent cancelled
-//   already (`cancelOne`).
+//   parent's registry, which `cancelOne` walks even when it finds the parent cancelled
+//   already, and a parent that adopts a cancel from a promise it followed passes on
+//   (`passOnAdoptedCancel`).
 
 extension AnyPromise {
     /// In a cascade of handlers run inline by one settling call (`.immediate` children
@@ -61,8 +62,9 @@ extension AnyPromise {
 
 // A promise's cancellation registry (`pc_promise.children`) is a stack of its descendants
 // that were still in flight after it settled: children whose handler waits on a context,
-// followers, and, linked in turn, the settled ancestors between them and the promise. A
-// cancel of the settled promise reaches them through it.
+// followers, and, linked in turn, the settled ancestors between them and the promise; and,
+// while it is pending, children settled early that left its observer stack
+// (`leavePendingParent`). A cancel of the promise reaches them through it.
 //
 // The link is a node of the child's own (`pc_lineage.link`, which only a derived
 // promise has: a root has no parent to link into), so linking allocates nothing. The registry must

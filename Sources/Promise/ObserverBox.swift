@@ -170,6 +170,7 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         }
         target.copyOutcome(from: source, tag: tag)
         target.publishOutcomeFromHolder(keeping: parent)
+        target.passOnAdoptedCancel()
     }
 }
 

@@ -91,9 +91,10 @@ extension AnyPromise {
     }
 
     /// Whether this promise's own node, while registered on a pending promise, waits for
-    /// nothing (`observerHasGivenUp`): it was cancelled, so no outcome can be claimed, and
-    /// its handler (if it has not run) has no error side that a cancel of its parent would
-    /// still run. Read by a pruner holding that promise's stack, so it is ordered after
+    /// nothing (`observerHasGivenUp`): it was cancelled, or settled otherwise before its
+    /// parent and linked itself up (`leavePendingParent`), so it takes no outcome from the
+    /// parent, and its handler (if it has not run) has no error side that a cancel of its
+    /// parent would still run. Read by a pruner holding that promise's stack, so it is ordered after
     /// the node's registration: `continuation` is the handler the initialiser stored (on
     /// a parent's list), or already taken before the node went on to a followee's.
     final var waitsForNothing: Bool {
@@ -121,17 +122,34 @@ extension AnyPromise {
     /// - Parameter parent: this promise's parent, which the caller holds.
     @usableFromInline
     final func leavePendingParent(_ parent: AnyPromise) {
-        guard claimHint != UInt(PC_CANCELLED), parent.isPending else { return }
+        // Only a child whose own node is on the parent's list (a `timeout` child's is not:
+        // it waits in the parent's waiter list, which it leaves by itself). Its role is
+        // written before it is shared, and a settled child's never changes.
+        guard role == .continuation, claimHint != UInt(PC_CANCELLED), parent.isPending else { return }
         linkIntoParentChain(parent: parent)
         _ = setTreeFlag(TreeFlag.leftParent)
         parent.observerGaveUp()
+    }
+
+    /// After the publish of an outcome adopted from another promise (a followee's, or a
+    /// `timeout` child's receiver's): if it is a cancel, passes it on as `cancel` does,
+    /// whose claim then fails and which walks the registry (`cancelOne`). That is where the
+    /// children that left this promise's list while it was pending wait
+    /// (`leavePendingParent`): the publish, which fires the list, does not reach them. A
+    /// cancel that reaches a promise any other way walks its registry already: its own
+    /// `cancel`, or that of the ancestor a handler's claim found cancelled, below which a
+    /// child's leave linked the promise.
+    @usableFromInline
+    final func passOnAdoptedCancel() {
+        guard publishedTag == UInt(PC_CANCELLED) else { return }
+        cancel(reason: failureOrCancellation)
     }
 
     /// `leavePendingParent` for a caller that does not hold the parent: only if the
     /// parent is pending (one load through its held memory, no retain) and alive.
     @usableFromInline @inline(never)
     final func leaveParentIfPending() {
-        guard claimHint != UInt(PC_CANCELLED), let address = parentAddress,
+        guard role == .continuation, claimHint != UInt(PC_CANCELLED), let address = parentAddress,
               HeldMemory.isPendingPromise(at: address), let parent = HeldMemory.promiseIfAlive(at: address)
         else { return }
         leavePendingParent(parent)

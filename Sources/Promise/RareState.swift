@@ -5,8 +5,8 @@ import Dispatch
 // and reached through one word of the promise (`rareStateWord`), so that the others pay a
 // word for it, not its size. Today it holds the reason of a cancel forwarded through a
 // settled promise, the list of waiters that may give up, the count of other observers
-// that gave up (`observerGaveUp`, below: the slots of settled combinators, cancelled
-// children and followers), and a root's
+// that gave up (`observerGaveUp`, below: the slots of settled combinators, children and
+// followers cancelled, children settled early), and a root's
 // followee link (`AnyPromise.followeeWord`: a root follows only through `resolve(with:)`).
 //
 // Waiters that may give up (a `wait(timeout:)`, an `await` whose Task may be cancelled, a
@@ -325,7 +325,7 @@ func rareStateFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutabl
 extension AnyPromise {
     /// An observer registered on this promise no longer waits for it (a slot of a
     /// combinator that settled without this input, a child or follower that was
-    /// cancelled: see `observerHasGivenUp`). Its node stays on the lock-free stack
+    /// cancelled, a child settled early: see `observerHasGivenUp`). Its node stays on the lock-free stack
     /// until something takes it off: every so many give-ups (as many as the nodes the
     /// last prune kept, and at least `RareState.minimumGaveUpBeforePrune`), the thread
     /// that counts the last one prunes the stack (`pruneObserversThatGaveUp`). So a
@@ -335,8 +335,8 @@ extension AnyPromise {
     ///
     /// What a prune takes off is released on the pruning thread: the thread whose give-up
     /// was the one to trigger it (a cancel, or a combinator settling), which may be that
-    /// of an unrelated sibling. A cancelled child's handler and its captures go there, not
-    /// on the child's context.
+    /// of an unrelated sibling. The handler of a child cancelled or settled early, and its
+    /// captures, go there, not on the child's context.
     final func observerGaveUp() {
         guard isPending else { return }
         let rare = rareState
@@ -347,9 +347,9 @@ extension AnyPromise {
 
 /// The prune's test (`pc_prune`, which holds the promise's stack meanwhile: it only looks):
 /// whether `node`'s observer gave up. Three kinds can: a slot of an aggregator that
-/// settled without this input, a cancelled child or follower with no error side left to
-/// run (`AnyPromise.waitsForNothing`), and a `resolve(with:)` whose follower was cancelled
-/// (`ObserverBox.gaveUp`).
+/// settled without this input, a child or follower cancelled, or a child settled early
+/// and linked up, with no error side left to run (`AnyPromise.waitsForNothing`), and a
+/// `resolve(with:)` whose follower was cancelled (`ObserverBox.gaveUp`).
 func observerHasGivenUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
     if nodeFires(node, through: aggregatorSlotFire) { return slotOfRetiredAggregator(node) }
     // The node's retain keeps its owner alive while the node is on the stack.

@@ -194,7 +194,7 @@ extension PruneStressTests {
         runStressRounds("prunes: children settled early leave a parent while its root settles", invariants: [
             "every child settles; the handler of one the test settled before its parent never runs",
             "a handler runs at most once",
-            "when the root was cancelled, every descendant ends cancelled and its handler never runs",
+            "when the root was cancelled, every descendant is cancelled before its queue runs, and its handler never runs",
             "when the root was fulfilled, every descendant ends fulfilled",
             "no child, descendant or captured value is kept once everything settled",
         ], details: {
@@ -202,9 +202,19 @@ extension PruneStressTests {
         }) { checker in
             let round = checker.round
             let root = Promise<Int>()
-            // A derived parent (settles keep it: `publishKeepingParent`) or a root one
-            // (`leaveParentIfPending`).
-            let parent = round.isMultiple(of: 2) ? root.then(on: .immediate) { $0 } : root
+            // A derived parent (settles keep it: `publishKeepingParent`), a root one
+            // (`leaveParentIfPending`), or a root that follows `root` with `resolve(with:)`
+            // (it adopts the root's cancel, and passes it on: `passOnAdoptedCancel`).
+            let parent: Promise<Int>
+            switch round % 3 {
+            case 0: parent = root.then(on: .immediate) { $0 }
+            case 1: parent = root
+            default:
+                parent = Promise<Int>()
+                parent.resolve(with: root)
+            }
+            let cancelRound = (round / 3).isMultiple(of: 3)
+            let descendantRuns = Locked(0)
             let descendantQueue = DispatchQueue(label: "PruneStressTests.descendants")
             descendantQueue.suspend()
             let captures = Locked(0)
@@ -216,7 +226,7 @@ extension PruneStressTests {
                 crew.barrier.arriveAndWait()
                 if seat == 2 {
                     spin(random.below(3_000))
-                    if round.isMultiple(of: 3) { root.cancel() } else { root.fulfill(1) }
+                    if cancelRound { root.cancel() } else { root.fulfill(1) }
                     return
                 }
                 var mine: [EarlyChild] = []
@@ -241,7 +251,7 @@ extension PruneStressTests {
                     let early = settledByTest && parent.isPending
                     if early { settledEarly.withLock { $0 = true } }
                     let descendant: Promise<Int>? = random.below(2) == 0
-                        ? child.then(on: descendantQueue) { value in value }
+                        ? child.then(on: descendantQueue) { value in descendantRuns.withLock { $0 += 1 }; return value }
                         : nil
                     mine.append(EarlyChild(promise: child, ran: ran, settledBeforeParent: early, descendant: descendant))
                     kept.append(WeakPromiseRef(child))
@@ -254,6 +264,15 @@ extension PruneStressTests {
             let rootCancelled = root.isCancelled
             if rootCancelled { cancelledRounds += 1 }
             if settledEarly.withLock({ $0 }) { earlyRounds += 1 }
+            if rootCancelled {
+                // A cancel does not wait for the context: before the queue runs anything,
+                // every descendant is cancelled (a missed one would take its handler's
+                // outcome, or its own look-up's cancel, only once the queue runs).
+                for child in made.withLock({ $0 }) {
+                    guard let descendant = child.descendant else { continue }
+                    checker.check(descendant.isCancelled, "a descendant missed the root's cancel: \(descendant.state)")
+                }
+            }
             descendantQueue.resume()
             do {  // the promises held here go at the end of the block, before the last checks
                 let children = made.withLock { $0 }
@@ -268,9 +287,7 @@ extension PruneStressTests {
                     }
                     guard let descendant = child.descendant else { continue }
                     _ = try? descendant.wait(timeout: .seconds(10))
-                    if rootCancelled {
-                        checker.check(descendant.isCancelled, "a descendant missed the root's cancel: \(descendant.state)")
-                    } else if child.promise.isFulfilled {
+                    if !rootCancelled && child.promise.isFulfilled {
                         checker.check(descendant.isFulfilled, "a descendant of a fulfilled child ended \(descendant.state)")
                     }
                 }
@@ -278,6 +295,9 @@ extension PruneStressTests {
             made.withLock { $0.removeAll() }
             contextQueue.sync {}
             descendantQueue.sync {}
+            if rootCancelled {
+                checker.check(descendantQueue.sync { descendantRuns.withLock { $0 } } == 0, "a descendant's handler ran after the root's cancel")
+            }
             checker.check(becomesTrue { weaks.withLock { $0.allSatisfy { $0.promise == nil } } },
                           "a child or descendant is still kept")
             checker.check(becomesTrue { captures.withLock { $0 } == 0 }, "a captured value is still kept")

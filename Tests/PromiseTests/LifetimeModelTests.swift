@@ -576,6 +576,58 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(ran.value, 0)
     }
 
+    /// A parent that ends cancelled by adopting a cancelled followee (a root following
+    /// with `resolve(with:)`, a derived promise following what its handler returned, a
+    /// `timeout` child taking its receiver's outcome) passes the cancel on to the children
+    /// that left its list: their descendants in flight are cancelled at once, their handlers
+    /// never run, and work a descendant owns is cancelled too. With and without the prune
+    /// that takes the children off (found by a review: the prune lost the cancel).
+    func testAParentAdoptingACancelReachesTheChildrenThatLeft() {
+        struct Why: Error {}
+        for kind in ["root follower", "derived follower", "timeout child"] {
+            for prune in [false, true] {
+                let followed = Promise<Int>()
+                let keep: [AnyPromise]
+                let parent: Promise<Int>
+                switch kind {
+                case "root follower":
+                    parent = Promise<Int>()
+                    parent.resolve(with: followed)
+                    keep = []
+                case "derived follower":
+                    let root = Promise<Int>()
+                    parent = root.then(on: .immediate) { _ in followed }
+                    root.fulfill(0)
+                    keep = [root]
+                default:
+                    let receiver = Promise<Int>()
+                    receiver.resolve(with: followed)
+                    parent = receiver.timeout(.seconds(3_600))
+                    keep = [receiver]
+                }
+                XCTAssertTrue(parent.isPending)
+                let queue = DispatchQueue(label: "adopted cancel")
+                queue.suspend()
+                let ran = Counter()
+                let child = parent.then(on: .immediate) { $0 }
+                child.fulfill(7)
+                let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
+                let owned = Promise<Int>()
+                let follower = child.then(on: .immediate) { _ in owned }
+                if prune { for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) } }
+                followed.cancel(reason: Why())
+                XCTAssertTrue(parent.isCancelled, "\(kind): \(parent)")
+                XCTAssertTrue(descendant.isCancelled, "\(kind), prune \(prune): \(descendant.state)")
+                XCTAssertTrue(follower.isCancelled, "\(kind), prune \(prune): \(follower.state)")
+                XCTAssertTrue(owned.isCancelled, "\(kind), prune \(prune): the work a descendant owns")
+                queue.resume()
+                queue.sync {}
+                XCTAssertEqual(ran.value, 0, "\(kind), prune \(prune): a descendant's handler ran")
+                withExtendedLifetime(keep) {}
+            }
+        }
+    }
+
     /// A child settled early whose handler has an error side stays on its pending
     /// parent, like a cancelled one: a cancel of the parent still runs that side.
     func testAChildSettledEarlyWithAnErrorSideStaysForItsCleanUp() {

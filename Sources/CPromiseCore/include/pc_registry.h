@@ -48,6 +48,8 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 /* Bits of the `tree_flags` word. */
 #define PC_TREE_LINKED 1u           /* linked into the parent's registry */
 #define PC_TREE_CANCEL_CLAIMED 2u   /* a cancel of the settled promise is being forwarded */
+#define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
+                                         in the registry later must be cancelled too */
 #define PC_TREE_FIRST_OBSERVER 8u   /* a root's node is taken (never cleared) */
 #define PC_TREE_ERROR_SEEN 16u      /* an observer read this rejected promise's error (the
                                        overlay's diagnostics: an unhandled rejection is one
@@ -57,8 +59,6 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        pending: its node there may now leave (the overlay's
                                        prune) */
 #define PC_TREE_COUNT_SHIFT 6u      /* the registry's link count sits above the six bits */
-#define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
-                                         in the registry later must be cancelled too */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
