@@ -156,9 +156,13 @@ final class Aggregator: @unchecked Sendable {
         keptOutput.take()?.release()
         // The slots still registered on pending inputs wait for nothing now: those inputs
         // may take them off (`observerGaveUp`), so that an input that outlives many
-        // aggregates (`race([work, shutdown])` in a loop) keeps none of their slots.
+        // aggregates (`race([work, shutdown])` in a loop) keeps none of their slots. An
+        // input given to a combinator counts as observed, so its error, if it comes after
+        // its slot left, is not reported as unhandled either.
         for index in 0..<count where slots[index].settled == nil {
-            UnownedLink.load(inputWord(slots + index))?.observerGaveUp()
+            guard let input = UnownedLink.load(inputWord(slots + index)) else { continue }
+            input.noteErrorSeen()
+            input.observerGaveUp()
         }
     }
 }
@@ -187,7 +191,12 @@ func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeM
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
     let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
     guard let source else { preconditionFailure("aggregator slots are never deferred") }
-    owner.takeUnretainedValue().slotFired(slot, source: AnyPromise.owner(ofCore: source).takeUnretainedValue())
+    let input = AnyPromise.owner(ofCore: source).takeUnretainedValue()
+    // A combinator counts as reading its inputs' errors, whether its policy reads this one
+    // (`all`'s first) or not (`any` counting a rejection down, a slot of a retired
+    // aggregate): none is reported as an unhandled rejection.
+    if input.publishedTag == UInt(PC_REJECTED) { input.noteErrorSeen() }
+    owner.takeUnretainedValue().slotFired(slot, source: input)
     owner.release()  // the registration's retain
 }
 

@@ -106,6 +106,50 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(unhandled(199).count, 0, "await saw the error, yet it was reported")
     }
 
+    /// A combinator counts as reading every input's error: one its policy never reads
+    /// (`any` counting a rejection down), and one that comes after its output settled
+    /// (`all`, `and`, `race`), whether the input's slot is still registered or a prune
+    /// took it off. (Found by an adversarial pass.)
+    func testCombinatorsCountAsReadingEveryInputsError() throws {
+        do {
+            let a = Promise<Int>(), b = Promise<Int>()
+            let any = Promise.any([a, b])
+            a.reject(Marker(id: 31))
+            b.fulfill(7)
+            XCTAssertEqual(try any.wait(timeout: testTimeout), 7)
+        }
+        do {
+            let a = Promise<Int>(), b = Promise<Int>()
+            let all = Promise.all([a, b]).recover(on: .immediate) { _ in [] }
+            a.reject(Marker(id: 32))
+            b.reject(Marker(id: 33))
+            XCTAssertEqual(try all.wait(timeout: testTimeout), [])
+        }
+        do {
+            let a = Promise<Int>(), b = Promise<Int>()
+            let race = Promise.race([a, b])
+            a.fulfill(1)
+            XCTAssertEqual(try race.wait(timeout: testTimeout), 1)
+            b.reject(Marker(id: 34))
+        }
+        do {
+            let a = Promise<Int>(), b = Promise<String>()
+            let both = a.and(b).then { $0.0 }.recover(on: .immediate) { _ in 0 }
+            a.reject(Marker(id: 35))
+            b.reject(Marker(id: 36))
+            XCTAssertEqual(try both.wait(timeout: testTimeout), 0)
+        }
+        do {  // the slot left its input (pruned) before the input rejected
+            let late = Promise<Int>()
+            for round in 0..<100 {
+                let race = Promise.race([Promise(value: round), late])
+                XCTAssertEqual(try race.wait(timeout: testTimeout), round)
+            }
+            late.reject(Marker(id: 37))
+        }
+        for id in 31...37 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
+    }
+
     func testAThenChildNobodyObservesIsReportedAndItsParentIsNot() {
         do {
             let parent = Promise<Int>()
