@@ -156,7 +156,7 @@ extension Promise {
     ///
     /// ```swift
     /// spinner.start()
-    /// fetch().always(on: .main) { spinner.stop() }
+    /// fetch().always(on: .main) { MainActor.assumeIsolated { spinner.stop() } }
     /// ```
     @inlinable @discardableResult
     public func always(

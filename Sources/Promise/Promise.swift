@@ -8,7 +8,7 @@ import CPromiseCore
 /// let greeting = Promise<String>()
 /// greeting
 ///     .then { $0.uppercased() }
-///     .then(on: .main) { label.text = $0 }
+///     .then(on: .main) { text in MainActor.assumeIsolated { label.text = text } }
 /// greeting.fulfill("hello")
 /// ```
 ///

@@ -17,6 +17,26 @@ final class ConcurrencyTests: XCTestCase {
         XCTAssertEqual(value, 42)
     }
 
+    /// A promise whose settling side drops it breaks what waits on it through a derived
+    /// promise (which does not hold it): the await throws `brokenPromise`. (An await on
+    /// the promise itself holds it, so it cannot die under that await: the documented way
+    /// is to await a derived one.)
+    func testAwaitingADerivedPromiseOfADroppedOneThrowsBrokenPromise() async {
+        func lookup() -> Promise<Int> {
+            let promise = Promise<Int>()
+            let callback: @Sendable (Int) -> Void = { promise.fulfill($0) }
+            _ = callback  // the callback API drops it unanswered
+            return promise
+        }
+        do {
+            _ = try await lookup().then { $0 }.value
+            XCTFail("a derived promise of a dropped one fulfilled")
+        } catch PromiseError.brokenPromise {
+        } catch {
+            XCTFail("\(error)")
+        }
+    }
+
     func testAwaitValueThrowsTheRejection() async {
         let promise = Promise<Int>()
         DispatchQueue.global().async { promise.reject(Boom()) }
