@@ -94,9 +94,10 @@ extension AnyPromise {
     /// nothing (`observerHasGivenUp`): it was cancelled, or settled otherwise before its
     /// parent and linked itself up (`leavePendingParent`), so it takes no outcome from the
     /// parent, and its handler (if it has not run) has no error side that a cancel of its
-    /// parent would still run. Read by a pruner holding that promise's stack, so it is ordered after
-    /// the node's registration: `continuation` is the handler the initialiser stored (on
-    /// a parent's list), or already taken before the node went on to a followee's.
+    /// parent would still run. Read by a pruner holding that promise's stack, so it is
+    /// ordered after the node's registration: `continuation` is the handler the
+    /// initialiser stored (on a parent's list), or already taken before the node went on
+    /// to a followee's.
     final var waitsForNothing: Bool {
         // Settled otherwise before its parent: only once its link walk is done
         // (`leavePendingParent`).
@@ -114,7 +115,8 @@ extension AnyPromise {
     /// (`TreeFlag.leftParent`, which `waitsForNothing` reads): a walk that pauses before
     /// it reaches an ancestor may find it cancelled and gone when it resumes, and then the
     /// parent's fire, which links the parent up while its own parent is held, is what
-    /// still reaches the ancestor (the spin model's `-DLIFETIME_MODEL` checks this).
+    /// still reaches the ancestor (argued in Verification/README.md: the spin model has no
+    /// descendant that links from another thread).
     /// Then it gives up on the parent, so that a long-lived parent keeps a bounded number
     /// of such children, and none of their handlers' captures. A cancel leaves through
     /// `leavePendingSources` instead: its descendants take the cancel, and need no link.

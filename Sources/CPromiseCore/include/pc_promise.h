@@ -153,8 +153,8 @@ struct pc_promise {
                            CallbackList keeps its first callback inline too), its user
                            elected with pc_tree_flags_set(PC_TREE_FIRST_OBSERVER) */
     uintptr_t children; /* atomic: cancellation registry, a stack of link nodes */
-    uintptr_t tree_flags;   /* atomic: PC_TREE_* bits, and above them (PC_TREE_COUNT_SHIFT) the number of
-                           links pushed here (approximate, for pruning) */
+    uintptr_t tree_flags;   /* atomic: PC_TREE_* bits, and above them (PC_TREE_COUNT_SHIFT)
+                           the number of links pushed here (approximate, for pruning) */
     uintptr_t payload[3]; /* not atomic, never touched here: the overlay's inline value
                              slot, written by the claim winner before pc_publish and read
                              only after an acquire has seen PC_FULFILLED */
