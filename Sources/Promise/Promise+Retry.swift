@@ -194,9 +194,9 @@ extension Promise {
     /// configuration), call `body` never and return a promise rejected with
     /// `PromiseError.invalidArgument`, which says what was wrong.
     ///
-    /// Threading: `body` runs on `context`; `shouldRetry` on the thread that settled the
-    /// failed attempt. The pauses are timed on `clock` when one is given (a test passes a
-    /// clock it advances by hand), on Dispatch otherwise.
+    /// Threading: `body` and `shouldRetry` run on `context`. The pauses are timed on
+    /// `clock` when one is given (a test passes a clock it advances by hand), on Dispatch
+    /// otherwise.
     public static func retry<C: Clock>(
         attempts: Int,
         backoff: RetryBackoff,
@@ -263,24 +263,34 @@ extension Promise {
                     case .success(let value):
                         output.fulfill(value)
                     case .failure(let error):
-                        if number >= attempts || current?.isCancelled == true || shouldRetry?(error) == false {
+                        if number >= attempts || current?.isCancelled == true {
                             output.reject(error)
                             return
                         }
-                        var random = SystemRandomNumberGenerator()
-                        let delay = backoff.pause(afterAttempt: number, using: &random)
-                        if delay <= .zero {
-                            attempt(number + 1)
-                            return
+                        guard let shouldRetry else { return pauseThenRetry(after: number) }
+                        // The predicate is user code too: it runs on `context`, as `body` does.
+                        context.execute {
+                            guard output.isPending else { return }  // cancelled meanwhile
+                            if shouldRetry(error) { pauseThenRetry(after: number) } else { output.reject(error) }
                         }
-                        // The pause is the step in flight: cancelling the output cancels
-                        // its timer, which lets go of the run at once.
-                        let pause = makePause(delay)
-                        inFlight.start(pause)
-                        pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
                     }
                 }
             }
+        }
+
+        /// Pauses as the backoff says after failed attempt `number`, then makes the next.
+        @Sendable func pauseThenRetry(after number: Int) {
+            var random = SystemRandomNumberGenerator()
+            let delay = backoff.pause(afterAttempt: number, using: &random)
+            if delay <= .zero {
+                attempt(number + 1)
+                return
+            }
+            // The pause is the step in flight: cancelling the output cancels its timer,
+            // which lets go of the run at once.
+            let pause = makePause(delay)
+            inFlight.start(pause)
+            pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
         }
         attempt(1)
         return output

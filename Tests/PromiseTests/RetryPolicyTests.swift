@@ -127,6 +127,25 @@ final class RetryPolicyTests: XCTestCase {
         XCTAssertEqual(calls.value, 2)
     }
 
+    /// `shouldRetry` is user code, so it runs on the `on:` context, as `body` does (found by
+    /// an API check: it ran on whichever thread rejected the attempt).
+    func testThePredicateRunsOnTheContext() throws {
+        let key = DispatchSpecificKey<Int>()
+        let queue = DispatchQueue(label: "retry predicate")
+        queue.setSpecific(key: key, value: 1)
+        let onQueue = Recorder<String>()
+        let output = Promise<Int>.retry(attempts: 2, backoff: .fixed(.zero), on: queue, shouldRetry: { _ in
+            onQueue.append("shouldRetry \(DispatchQueue.getSpecific(key: key) == 1)")
+            return true
+        }) {
+            onQueue.append("body \(DispatchQueue.getSpecific(key: key) == 1)")
+            // Rejected from another thread, after a moment.
+            return Promise<Int>(on: .default) { usleep(10_000); throw Transient(attempt: 0) }
+        }
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout))
+        XCTAssertEqual(onQueue.values, ["body true", "shouldRetry true", "body true"])
+    }
+
     func testBackoffValuesOutOfRangeRejectWithASentenceAndCallNothing() {
         let cases: [(RetryBackoff, String)] = [
             (.fixed(.seconds(-1)), "the first pause (-1.0 seconds) is negative"),
