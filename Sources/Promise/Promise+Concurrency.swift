@@ -12,9 +12,9 @@ extension Promise {
     /// profile.cancel()   // cancels the request's Task
     /// ```
     public convenience init(
+        _ work: @escaping @Sendable () async throws -> Value,
         file: StaticString = #fileID,
-        line: UInt = #line,
-        _ work: @escaping @Sendable () async throws -> Value
+        line: UInt = #line
     ) {
         self.init(file: file, line: line)
         let task = Task { [self] in

@@ -79,10 +79,10 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// }
     /// ```
     public convenience init(
-        file: StaticString = #fileID,
-        line: UInt = #line,
         _ body: (_ fulfill: @escaping @Sendable (Value) -> Void,
-                 _ reject: @escaping @Sendable (any Error) -> Void) throws -> Void
+                 _ reject: @escaping @Sendable (any Error) -> Void) throws -> Void,
+        file: StaticString = #fileID,
+        line: UInt = #line
     ) {
         self.init(file: file, line: line)
         do {
@@ -99,9 +99,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// ```
     public convenience init(
         on context: any ExecutionContext,
+        _ work: @escaping @Sendable () throws -> Value,
         file: StaticString = #fileID,
-        line: UInt = #line,
-        _ work: @escaping @Sendable () throws -> Value
+        line: UInt = #line
     ) {
         self.init(file: file, line: line)
         context.execute { [self] in

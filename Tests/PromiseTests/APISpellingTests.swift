@@ -101,6 +101,20 @@ final class APISpellingTests: XCTestCase {
         let context: any ExecutionContext = .default
         let g = Promise<Int>(on: context) { try compute() }        // work runs on the context
         XCTAssertEqual(try g.wait(timeout: testTimeout), 42)
+
+        // The creation site is the initialisers' last parameters, closure ones too (a
+        // wrapper passes its own caller's).
+        let h = Promise<Int>({ fulfill, _ in fulfill(6) }, file: "Site.swift", line: 7)
+        let i = Promise<Int>(on: context, { 8 }, file: "Site.swift", line: 9)
+        let j = Promise<Int>({ 10 }, file: "Site.swift", line: 11)
+        XCTAssertEqual(try h.wait(), 6)
+        XCTAssertEqual(try i.wait(timeout: testTimeout), 8)
+        XCTAssertEqual(try j.wait(timeout: testTimeout), 10)
+        #if DEBUG
+        XCTAssertTrue(h.debugDescription.contains("Site.swift:7"), h.debugDescription)
+        XCTAssertTrue(i.debugDescription.contains("Site.swift:9"), i.debugDescription)
+        XCTAssertTrue(j.debugDescription.contains("Site.swift:11"), j.debugDescription)
+        #endif
     }
 
     func testContinuations() throws {
