@@ -517,6 +517,25 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(try? derived.wait(timeout: .seconds(10)), 1)
     }
 
+    /// A child of the pending `parent` that the test fulfils early, and a descendant of it
+    /// queued on a suspended queue (resumed by the caller), whose handler runs count in `ran`.
+    private func childSettledEarly(of parent: Promise<Int>)
+        -> (child: Promise<Int>, descendant: Promise<Int>, queue: DispatchQueue, ran: Counter) {
+        let queue = DispatchQueue(label: "descendants of a child that left")
+        queue.suspend()
+        let ran = Counter()
+        let child = parent.then(on: .immediate) { $0 }
+        child.fulfill(7)
+        let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
+        return (child, descendant, queue, ran)
+    }
+
+    /// Enough siblings settled early that a prune takes the children that left `parent`'s
+    /// list off it.
+    private func settleSiblingsEarly(of parent: Promise<Int>) {
+        for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }
+    }
+
     /// A child settled early that left its pending parent is still reached by a cancel
     /// of the parent: its descendant in flight (queued on a context that has not run it)
     /// ends cancelled, and its handler never runs. The same for a cancel of the parent's
@@ -525,14 +544,8 @@ final class LifetimeModelTests: XCTestCase {
         for cancelAbove in [false, true] {
             let root = Promise<Int>()
             let parent = root.then(on: .immediate) { $0 }
-            let queue = DispatchQueue(label: "descendants")
-            queue.suspend()
-            let ran = Counter()
-            let child = parent.then(on: .immediate) { $0 }
-            child.fulfill(7)
-            let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
-            // Enough siblings settled early that a prune takes the child's node off.
-            for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }
+            let (child, descendant, queue, ran) = childSettledEarly(of: parent)
+            settleSiblingsEarly(of: parent)
             XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
             if cancelAbove {
                 root.fulfill(1)
@@ -559,13 +572,8 @@ final class LifetimeModelTests: XCTestCase {
             root.cancel()  // settled: forwarded, so this claim finds it
             return value
         }
-        let queue = DispatchQueue(label: "left")
-        queue.suspend()
-        let ran = Counter()
-        let child = parent.then(on: .immediate) { $0 }
-        child.fulfill(7)
-        let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
-        for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }  // prunes take the child off
+        let (_, descendant, queue, ran) = childSettledEarly(of: parent)
+        settleSiblingsEarly(of: parent)
         XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
         root.fulfill(1)
         XCTAssertTrue(parent.isCancelled, "\(parent)")
@@ -606,15 +614,10 @@ final class LifetimeModelTests: XCTestCase {
                     keep = [receiver]
                 }
                 XCTAssertTrue(parent.isPending)
-                let queue = DispatchQueue(label: "adopted cancel")
-                queue.suspend()
-                let ran = Counter()
-                let child = parent.then(on: .immediate) { $0 }
-                child.fulfill(7)
-                let descendant = child.then(on: queue) { value -> Int in ran.increment(); return value }
+                let (child, descendant, queue, ran) = childSettledEarly(of: parent)
                 let owned = Promise<Int>()
                 let follower = child.then(on: .immediate) { _ in owned }
-                if prune { for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) } }
+                if prune { settleSiblingsEarly(of: parent) }
                 followed.cancel(reason: Why())
                 XCTAssertTrue(parent.isCancelled, "\(kind): \(parent)")
                 XCTAssertTrue(descendant.isCancelled, "\(kind), prune \(prune): \(descendant.state)")
@@ -635,7 +638,7 @@ final class LifetimeModelTests: XCTestCase {
         let cleanedUp = Counter()
         let child = parent.recover(on: .immediate) { _ in cleanedUp.increment(); return 0 }
         child.fulfill(1)
-        for round in 0..<100 { parent.then(on: .immediate) { $0 }.fulfill(round) }  // prunes run meanwhile
+        settleSiblingsEarly(of: parent)  // prunes run meanwhile
         XCTAssertLessThanOrEqual(parent.debugObserverNodeCount, 2 * RareState.minimumGaveUpBeforePrune)
         parent.cancel()
         XCTAssertEqual(cleanedUp.value, 1, "the error side of a child settled early did not run on the parent's cancel")
