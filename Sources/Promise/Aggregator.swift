@@ -52,8 +52,8 @@ final class Aggregator: @unchecked Sendable {
         (remaining + 1).initialize(to: 0)
         keptOutput = Unmanaged.passRetained(output)
         // Plain stores: nothing else sees the slots before `start` registers them (and the
-        // output's onCancel, registered before that, reaches the aggregator only after
-        // `init` returned).
+        // output, linked to the aggregator before that, reaches it only after `init`
+        // returned).
         for (index, input) in inputs.enumerated() { slots[index].input = UnownedLink.address(of: input) }
         self.inputSettled = inputSettled
     }
@@ -101,10 +101,11 @@ final class Aggregator: @unchecked Sendable {
         unsafeDowncast(settledInput(at: index), to: Promise<V>.self).publishedResult
     }
 
-    /// Cancels the inputs that are still pending (the aggregate was cancelled).
-    func cancelPendingInputs(reason: any Error) {
+    /// The inputs that are still pending, retained: what a cancel of the output must reach
+    /// (`AnyPromise.cancel`), and what the output waits on (`wouldWaitOnItself`).
+    func appendPendingInputs(to inputs: inout [AnyPromise]) {
         for index in 0..<count {
-            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending { input.cancel(reason: reason) }
+            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending { inputs.append(input) }
         }
     }
 
@@ -122,7 +123,7 @@ final class Aggregator: @unchecked Sendable {
             outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { !$0.isPending }
         } else {
             // Retired: the input is not kept, so its link must not outlive it (the firing
-            // holds it until this returns). `cancelPendingInputs` may still run.
+            // holds it until this returns). `appendPendingInputs` may still run.
             UnownedLink.clear(inputWord(slot), ifPointingAt: UnownedLink.address(of: source))
         }
         if gateLeave(gate, request: outputSettled) { retire() }
@@ -144,8 +145,8 @@ final class Aggregator: @unchecked Sendable {
 
     /// Drops the settled inputs and the output; once, with no policy call running
     /// (`pc_gate_leave` elected us). A slot's unowned link to its input goes first, under
-    /// its lock, since nothing holds that input's memory any more: the output's `onCancel`
-    /// may still look for pending inputs (`cancelPendingInputs`).
+    /// its lock, since nothing holds that input's memory any more: a cancel of the output
+    /// may still look for pending inputs (`appendPendingInputs`).
     private func retire() {
         for index in 0..<count {
             guard let settled = slots[index].settled else { continue }
@@ -213,3 +214,22 @@ func clearAggregatorSlotInput(_ node: UnsafeMutablePointer<pc_node>, inputDyingA
     UnownedLink.clear(inputWord(slot), ifPointingAt: input)
 }
 
+
+extension AnyPromise {
+    /// Links this combinator output, a root nobody else has seen yet, to the aggregator
+    /// that settles it (see `RareState.aggregatorMemory`). One allocation, the rare
+    /// state, where an `onCancel` closure took three (its box, its context, and the weak
+    /// reference's side table).
+    final func recordAggregator(_ aggregator: Aggregator) {
+        let address = Unmanaged.passUnretained(aggregator).toOpaque()
+        SwiftRuntime.unownedRetain(address)  // the rare state's hold, released by its deinit
+        rareState.aggregatorMemory = address
+    }
+
+    /// The aggregator that settles this combinator output, retained, if it is still
+    /// alive; nil for any other promise (two loads for a root, none for a derived one).
+    final var aggregatorIfAlive: Aggregator? {
+        guard isRoot, let address = existingRareState?.aggregatorMemory else { return nil }
+        return SwiftRuntime.tryRetain(address).map { Unmanaged<Aggregator>.fromOpaque($0).takeRetainedValue() }
+    }
+}

@@ -128,44 +128,59 @@ extension AnyPromise {
 
     /// Whether following `source` would make this promise wait on itself: `source` is this
     /// promise, or waits for it through a chain of waits of any length. A pending promise
-    /// waits for the promise it follows (locked in), and a pending child for its pending
-    /// parent (its handler has not run). Called by a promise that just locked in and
-    /// recorded its followee (`recordFollowee`) and registered on `source`, and has
-    /// observers itself (`closesACycle`).
+    /// waits for the promise it follows (locked in), a pending child for its pending
+    /// parent (its handler has not run), and a pending combinator output for each of its
+    /// inputs still pending (`all`, `any`, `race`, `allSettled`, `and`). Called by a
+    /// promise that just locked in and recorded its followee (`recordFollowee`) and
+    /// registered on `source`, and has observers itself (`closesACycle`).
     ///
     /// Cost: when `source` is settled, or pending with no parent and following nothing
     /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
     /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
     /// on, which ends at its first settled or parentless promise. No lock and no
-    /// allocation. Only promises that others already wait on walk (`closesACycle`).
+    /// allocation, until the walk meets a combinator's output: then one try-retain per
+    /// input still pending (under that input's slot lock, held for the try), an array of
+    /// the branches still to walk, and each aggregator is walked once. Only promises that
+    /// others already wait on walk (`closesACycle`).
     ///
     /// Races: two promises locking in to follow each other at the same time each record
     /// their link, fence, then read the other's; at least one of them sees the other's
     /// link (the fences are ordered one way or the other), so a cycle can never close
-    /// unseen. Both may see it: both are then rejected, as they would be anyway.
-    ///
-    /// Not followed: waits through a combinator (a promise that follows `all([it])` waits
-    /// on an aggregate, which is not a follow link); such a loop stays pending.
+    /// unseen. Both may see it: both are then rejected, as they would be anyway. A
+    /// combinator's links to its inputs are there before its output is returned, so
+    /// before anyone can follow it.
     final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
         if source === self { return true }
         let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         var current = source
+        var branches: [AnyPromise] = []  // inputs of combinators met on the way, to walk next
+        var aggregatorsWalked: Set<ObjectIdentifier> = []
         while true {
-            let next: UnsafeMutableRawPointer
+            var next: UnsafeMutableRawPointer? = nil
             if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
-                guard let followee = current.followeeAddress else { return false }
-                next = followee
-            } else if let parent = current.parentAddress, current.isPending {
-                next = parent  // a child waits on its parent while it is pending
-            } else {
-                return false
+                next = current.followeeAddress
+            } else if current.isPending {
+                if let parent = current.parentAddress {
+                    next = parent  // a child waits on its parent while it is pending
+                } else if let aggregator = current.aggregatorIfAlive,
+                          aggregatorsWalked.insert(ObjectIdentifier(aggregator)).inserted {
+                    let walked = branches.count
+                    aggregator.appendPendingInputs(to: &branches)
+                    if branches[walked...].contains(where: { $0 === self }) { return true }
+                }
             }
-            if next == me { return true }
-            // Alive, or the chain ends here: nobody waits on a dead promise any more.
-            guard let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending else { return false }
-            current = alive
+            if let next {
+                if next == me { return true }
+                // Alive, or the chain ends here: nobody waits on a dead promise any more.
+                if let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending {
+                    current = alive
+                    continue
+                }
+            }
+            guard let branch = branches.popLast() else { return false }
+            current = branch
         }
     }
 

@@ -58,6 +58,14 @@ extension AnyPromise {
             _ = setTreeFlag(TreeFlag.cancelPublished)
             ForwardingEpoch.end()
         }
+        // A combinator's output owns its inputs' work: the cancel reaches those still
+        // pending, however the output ended cancelled (its own claim above, or a cancel it
+        // adopted, passed on by `passOnAdoptedCancel`). Then the aggregator lets go of
+        // what it kept. A second cancel finds the inputs cancelled already.
+        if isRoot, publishedTag == UInt(PC_CANCELLED), let aggregator = aggregatorIfAlive {
+            aggregator.appendPendingInputs(to: &work)
+            aggregator.retireIfIdle()
+        }
         // Walked whatever the claim above did: a child that left this promise's list while
         // it was pending (`leavePendingParent`) is reached only here, also when this
         // promise's own claim took a cancel first (the spin model's

@@ -146,9 +146,12 @@ extension Promise {
     /// the output has settled the aggregator drops it and every settled input (see
     /// `Aggregator.slotFired`): at the next input that settles, or at once when the output
     /// is cancelled. (An output settled from outside while every remaining input stays
-    /// pending keeps what it had until one of them settles.) The output's `onCancel` holds the aggregator weakly, so no
-    /// cycle forms: once the inputs are gone (settled or dropped), the aggregator and an
-    /// unreferenced output are freed.
+    /// pending keeps what it had until one of them settles.) The output reaches the
+    /// aggregator through its rare state, which holds the aggregator's memory, not the
+    /// aggregator (`recordAggregator`), so no cycle forms: once the inputs are gone
+    /// (settled or dropped), the aggregator and an unreferenced output are freed. Through
+    /// that link a cancel of the output reaches the inputs still pending (`cancel`), and
+    /// the cycle check sees what the output waits on (`wouldWaitOnItself`).
     static func aggregate<Output: Sendable>(
         _ inputs: [AnyPromise],
         into output: Promise<Output>,
@@ -156,10 +159,7 @@ extension Promise {
         _ inputSettled: @escaping Aggregator.InputSettled
     ) -> Promise<Output> {
         let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown, inputSettled: inputSettled)
-        output.onCancel(withReason: { [weak aggregator] reason in
-            aggregator?.cancelPendingInputs(reason: reason)
-            aggregator?.retireIfIdle()
-        })
+        output.recordAggregator(aggregator)
         aggregator.start(inputs)
         return output
     }

@@ -132,6 +132,16 @@ final class RareState: @unchecked Sendable {
     /// The settling entries taken when the node fired, for its deferred half: written and
     /// read by the settling thread only.
     private var settling: WaiterEntry?
+    /// A combinator's output only: the `Aggregator` that settles it, by its memory (the
+    /// runtime's unowned count, as `HeldMemory` holds a promise's), tried with
+    /// `swift_tryRetain` (`AnyPromise.aggregatorIfAlive`). The aggregator holds the output
+    /// until the output settles, so a strong link back would be a cycle. Written once,
+    /// before the output is shared (`recordAggregator`).
+    final var aggregatorMemory: UnsafeMutableRawPointer?
+
+    deinit {
+        if let aggregatorMemory { SwiftRuntime.unownedRelease(aggregatorMemory) }
+    }
 
     private func withLock<T>(_ body: () -> T) -> T {
         let word = (UnsafeMutableRawPointer(nodePointer) + MemoryLayout<Header>.offset(of: \.lock)!)

@@ -116,4 +116,79 @@ final class CycleTests: XCTestCase {
         other.fulfill(4)
         XCTAssertEqual(value(child), 8)
     }
+
+    // MARK: Waits through a combinator
+
+    /// A combinator's output waits on each input still pending: following it from one of
+    /// its inputs closes a cycle, for each combinator.
+    func testFollowingACombinatorOverItselfRejects() {
+        let race = Promise<Int>()
+        race.resolve(with: Promise.race([race]))
+        assertCycle(race)
+
+        let all = Promise<Int>(), other = Promise<Int>()
+        all.resolve(with: Promise.all([other, all]).map(on: .immediate) { $0[1] })
+        assertCycle(all)
+        XCTAssertTrue(other.isPending, "an input outside the cycle is untouched")
+
+        let any = Promise<Int>()
+        any.resolve(with: Promise.any([other, any]))
+        assertCycle(any)
+
+        let settled = Promise<Int>()
+        settled.resolve(with: Promise.allSettled([settled]).map(on: .immediate) { _ in 0 })
+        assertCycle(settled)
+
+        let both = Promise<Int>()
+        both.resolve(with: both.and(Promise(value: "x")).map(on: .immediate) { $0.0 })
+        assertCycle(both)
+    }
+
+    /// The output itself ends as the cycle does: its input rejected it.
+    func testACombinatorOutputInTheCycleRejectsWithIt() {
+        let p = Promise<Int>()
+        let race = Promise.race([p])
+        p.resolve(with: race)
+        assertCycle(p)
+        assertCycle(race)
+    }
+
+    /// Through nested combinators and a child of the promise that closes the cycle.
+    func testACycleThroughNestedCombinatorsAndAChildRejects() {
+        let p = Promise<Int>()
+        let child = p.then(on: .default) { $0 + 1 }
+        let other = Promise<Int>()
+        let outer = Promise.all([Promise.race([child]), other]).map(on: .immediate) { $0[0] }
+        p.resolve(with: outer)
+        assertCycle(p)
+        XCTAssertTrue(other.isPending)
+    }
+
+    /// A handler that returns a combinator over its own child.
+    func testHandlerReturningACombinatorOverItsOwnChildRejects() {
+        let parent = Promise<Int>()
+        let slot = Slot<Promise<Int>>()
+        let other = Promise<Int>()
+        let child = parent.flatMap(on: .immediate) { _ in Promise.any([slot.value!, other]) }
+        slot.value = child
+        child.whenComplete { _ in }  // observed: the check walks only when someone waits
+        parent.fulfill(1)
+        assertCycle(child)
+    }
+
+    /// No false cycle: inputs that share an ancestor (a diamond), and a combinator whose
+    /// inputs wait on the follower's siblings, settle as usual.
+    func testFollowingACombinatorOfUnrelatedInputsIsNoCycle() {
+        let p = Promise<Int>()
+        let source = Promise<Int>()
+        let inputs = (0..<100).map { index in source.then(on: .immediate) { $0 + index } }
+        let sum = Promise.all(inputs + [Promise.race(inputs)]).map(on: .immediate) { $0.reduce(0, +) }
+        let observed = p.then(on: .immediate) { $0 }
+        p.resolve(with: sum)
+        XCTAssertTrue(p.isPending)
+        source.fulfill(1)
+        let expected = (0..<100).reduce(0) { $0 + 1 + $1 } + 1
+        XCTAssertEqual(value(p), expected)
+        XCTAssertEqual(value(observed), expected)
+    }
 }
