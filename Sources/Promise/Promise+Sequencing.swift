@@ -10,7 +10,15 @@
 /// another thread pumps only hands it a free slot, so an `.immediate` run of a million
 /// settled inputs loops instead of recursing, and the input iterator is only ever used by
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
-/// stops the pulling and cancels what is in flight.
+/// stops the pulling and cancels what is in flight; an outside settle of the output stops
+/// the pulling (what is in flight goes on, as an aggregate's inputs do).
+///
+/// Ownership: the run is the output's resolver. It holds the output; the output's
+/// `onCancel` holds the run weakly (a strong link back would keep both alive for ever
+/// once nothing else holds the run). The work queued on the context and the steps in
+/// flight hold the run. If all of those let go while the output is pending (a context
+/// that drops work unrun), nothing can go on with it: the run's deinit rejects the output
+/// with `PromiseError.brokenPromise`, as a promise that dies pending breaks its observers.
 ///
 /// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
 /// call out.
@@ -25,6 +33,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     private var pumping = false
     private var exhausted = false
     private var stopped = false
+    /// Why the run stopped: given to a step that starts after it did.
+    private var stopReason: (any Error)?
     private let limit: Int
     private let output = Promise<[Value]>()
     private let context: any ExecutionContext
@@ -42,9 +52,14 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         self.work = work
     }
 
+    deinit {
+        // Nothing holds the run any more, and nothing settled its output: nothing can.
+        output.reject(PromiseError.brokenPromise)
+    }
+
     /// Starts the run; the promise of its results.
     func run() -> Promise<[Value]> {
-        output.onCancel(withReason: { [self] in stop(cancelling: $0) })
+        output.onCancel(withReason: { [weak self] in self?.stop(cancelling: $0) })
         pump()
         return output
     }
@@ -60,7 +75,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         }) else { return }
         while true {
             let canStart = withLock { () -> Bool in
-                if stopped || exhausted || results.count - finished >= limit {
+                if stopped || exhausted || results.count - finished >= limit || !output.isPending {
                     pumping = false
                     return false
                 }
@@ -93,11 +108,11 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
             } catch {
                 return fail(error)
             }
-            let stoppedAlready = withLock { () -> Bool in
+            let stoppedBecause = withLock { () -> (any Error)? in
                 if !stopped { inFlight[index] = WeakStep(promise: step) }
-                return stopped
+                return stopped ? stopReason ?? CancellationError() : nil
             }
-            if stoppedAlready { return step.cancel() }
+            if let stoppedBecause { return step.cancel(reason: stoppedBecause) }
             step.whenComplete(on: .immediate) { [self] result in
                 switch result {
                 case .success(let value): complete(index, with: value)
@@ -130,6 +145,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     /// Pulls no more inputs and cancels the steps in flight with `reason`.
     private func stop(cancelling reason: any Error) {
         let steps = withLock { () -> [AnyPromise] in
+            if !stopped { stopReason = reason }
             stopped = true
             defer { inFlight = [:] }
             return inFlight.values.compactMap(\.promise)

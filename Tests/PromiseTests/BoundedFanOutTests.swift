@@ -170,4 +170,60 @@ final class BoundedFanOutTests: XCTestCase {
         let output = Promise<Int>.all([Int](), maxConcurrent: 2) { Promise(value: $0) }
         XCTAssertEqual(try output.wait(timeout: testTimeout), [])
     }
+
+    /// A step that `work` returns after the result was cancelled is cancelled with the
+    /// cancel's reason, as the steps in flight are; for `sequence` too.
+    func testAStepReturnedAfterTheCancelTakesItsReason() throws {
+        for oneAtATime in [false, true] {
+            let entered = DispatchSemaphore(value: 0)
+            let gate = DispatchSemaphore(value: 0)
+            let step = Promise<Int>()
+            let work: @Sendable (Int) -> Promise<Int> = { _ in
+                entered.signal()
+                gate.wait()
+                return step
+            }
+            let output = oneAtATime
+                ? Promise<Int>.sequence([1], work)
+                : Promise<Int>.all([1], maxConcurrent: 1, on: .default, work)
+            XCTAssertEqual(entered.wait(timeout: .now() + testTimeoutSeconds), .success)
+            output.cancel(reason: Boom(input: 42))
+            gate.signal()
+            XCTAssertThrowsError(try step.wait(timeout: testTimeout)) { XCTAssertEqual($0 as? Boom, Boom(input: 42)) }
+            XCTAssertTrue(step.isCancelled)
+        }
+    }
+
+    /// A context that drops the work unrun leaves nothing to go on with the run: it is
+    /// freed (no cycle between the output and the run), and an output still held is
+    /// rejected with `brokenPromise` rather than left pending for ever.
+    func testARunWhoseContextDropsItsWorkIsFreedAndBreaksItsOutput() throws {
+        let gone = WeakPromise()
+        do {
+            let output = Promise<Int>.all([1, 2], maxConcurrent: 1, on: DroppingContext()) { Promise(value: $0) }
+            gone.promise = output
+        }
+        XCTAssertNil(gone.promise, "the run and its output keep each other")
+        let held = Promise<Int>.sequence(on: DroppingContext(), [1, 2]) { Promise(value: $0) }
+        XCTAssertThrowsError(try held.wait(timeout: testTimeout)) { error in
+            guard case PromiseError.brokenPromise = error else { return XCTFail("\(error)") }
+        }
+    }
+
+    /// Settled from outside, the output stops the pulling: no input is pulled for it.
+    func testAnOutsideSettleStopsThePulling() {
+        let pulled = Counter()
+        let steps = Recorder<Promise<Int>>()
+        let output = Promise<Int>.all(CountedInputs(count: 100, pulled: pulled), maxConcurrent: 2, on: .immediate) { _ in
+            let step = Promise<Int>()
+            steps.append(step)
+            return step
+        }
+        XCTAssertEqual(pulled.value, 2)
+        output.reject(Boom(input: 60))
+        steps.values[0].fulfill(1)
+        steps.values[1].fulfill(2)
+        XCTAssertEqual(pulled.value, 2, "inputs pulled after the output settled")
+        XCTAssertEqual(steps.count, 2)
+    }
 }
