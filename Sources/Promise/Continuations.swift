@@ -266,6 +266,9 @@ extension StoredHandler {
             } else if let error = source.rejection {
                 body(error)
                 child.rejectFromHandler(error, parent: source)
+                // `body` read the error the child passes on: a fire-and-forget `catch`
+                // handled it (no unhandled rejection for the child it returns).
+                child.noteErrorSeen()
             } else if let reason = source.cancellationReason {
                 body(reason)
             }

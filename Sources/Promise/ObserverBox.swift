@@ -26,6 +26,11 @@ class ObserverBox: @unchecked Sendable {
     /// `resolve(with:)` whose follower was cancelled.
     var gaveUp: Bool { false }
 
+    /// Whether the box waits for the promise's outcome, so that the promise dying pending
+    /// leaves it waiting (the broken-promise report, `anyoneWaits`): all but `onCancel`,
+    /// which waits for a cancel, and which freeing is not.
+    var waitsForOutcome: Bool { true }
+
     @inlinable
     init() {}
 
@@ -139,6 +144,8 @@ final class CancelObserver: ObserverBox, @unchecked Sendable {
         self.body = body
         super.init()
     }
+
+    override var waitsForOutcome: Bool { false }
 
     override func run(_ source: AnyPromise) {
         if source.isCancelled { body(source.failureOrCancellation) }

@@ -20,7 +20,7 @@ extension Promise {
     ///
     /// - Complexity: O(n) for n inputs, one allocation for all their observers.
     public static func all(_ promises: [Promise<Value>]) -> Promise<[Value]> {
-        let output = Promise<[Value]>()
+        let output = Promise<[Value]>(madeByLibrary: ())
         guard !promises.isEmpty else {
             output.fulfill([])
             return output
@@ -46,7 +46,7 @@ extension Promise {
     ///
     /// `allSettled([])` fulfils at once with `[]`.
     public static func allSettled(_ promises: [Promise<Value>]) -> Promise<[Result<Value, any Error>]> {
-        let output = Promise<[Result<Value, any Error>]>()
+        let output = Promise<[Result<Value, any Error>]>(madeByLibrary: ())
         guard !promises.isEmpty else {
             output.fulfill([])
             return output
@@ -67,7 +67,7 @@ extension Promise {
     ///
     /// `any([])` rejects at once with `PromiseError.allRejected([])`.
     public static func any(_ promises: [Promise<Value>]) -> Promise<Value> {
-        let output = Promise<Value>()
+        let output = Promise<Value>(madeByLibrary: ())
         guard !promises.isEmpty else {
             output.reject(PromiseError.allRejected([]))
             return output
@@ -95,10 +95,10 @@ extension Promise {
     /// rejects with `badInput`, and so does this one).
     public static func race(_ promises: [Promise<Value>]) -> Promise<Value> {
         guard !promises.isEmpty else {
-            return Promise(error: PromiseError.invalidArgument(
+            return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument(
                 "Promise.race needs at least one promise, and was given none: nothing could ever settle it"))
         }
-        let output = Promise<Value>()
+        let output = Promise<Value>(madeByLibrary: ())
         return aggregate(promises, into: output, countdown: promises.count) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
@@ -120,7 +120,7 @@ extension Promise {
     ) -> Promise<(Value, repeat each Other)> {
         var inputs: [AnyPromise] = [self]
         for other in repeat each others { inputs.append(other) }
-        let output = Promise<(Value, repeat each Other)>()
+        let output = Promise<(Value, repeat each Other)>(madeByLibrary: ())
         return Self.aggregate(inputs, into: output, countdown: inputs.count) { [unowned(unsafe) output] aggregator, _, input in
             guard input.isFulfilled else {
                 output.reject(input.failureOrCancellation)

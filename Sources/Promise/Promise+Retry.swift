@@ -236,13 +236,13 @@ extension Promise {
         _ body: @escaping @Sendable () throws -> Promise<Value>
     ) -> Promise<Value> {
         guard attempts >= 1 else {
-            return Promise(error: PromiseError.invalidArgument(
+            return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument(
                 "Promise.retry needs at least one attempt, and was given \(attempts)"))
         }
         if let problem = backoff.problem {
-            return Promise(error: PromiseError.invalidArgument("Promise.retry's backoff is out of range: \(problem)"))
+            return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument("Promise.retry's backoff is out of range: \(problem)"))
         }
-        let output = Promise<Value>()
+        let output = Promise<Value>(madeByLibrary: ())
         let inFlight = StepInFlight()
         output.onCancel(withReason: { inFlight.cancel(reason: $0) })
 
@@ -253,7 +253,7 @@ extension Promise {
                 do {
                     current = try body()
                 } catch {
-                    current = Promise(error: error)
+                    current = Promise.madeByLibrary(rejectedWith: error)
                 }
                 inFlight.start(current)
                 // `current` weakly: its own observer must not keep it alive (a cycle while it

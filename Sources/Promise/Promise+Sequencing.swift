@@ -36,7 +36,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     /// Why the run stopped: given to a step that starts after it did.
     private var stopReason: (any Error)?
     private let limit: Int
-    private let output = Promise<[Value]>()
+    private let output = Promise<[Value]>(madeByLibrary: ())
     private let context: any ExecutionContext
     private let work: @Sendable (Input) throws -> Promise<Value>
 
@@ -179,7 +179,7 @@ extension Promise {
         _ work: @escaping @Sendable (Inputs.Element) throws -> Promise<Value>
     ) -> Promise<[Value]> where Inputs.Element: Sendable {
         guard maxConcurrent >= 1 else {
-            return Promise<[Value]>(error: PromiseError.invalidArgument(
+            return Promise<[Value]>.madeByLibrary(rejectedWith: PromiseError.invalidArgument(
                 "Promise.all needs a maxConcurrent of at least 1, and was given \(maxConcurrent)"))
         }
         return FanOut(inputs, limit: maxConcurrent, context: context, work: work).run()

@@ -154,7 +154,7 @@ extension Promise {
         _ value: Value,
         startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
     ) -> Promise<Value> {
-        let promise = Promise<Value>()
+        let promise = Promise<Value>(madeByLibrary: ())
         let timer = startTimer { promise.fulfill(value) }
         promise.whenComplete(on: .immediate) { _ in timer.cancel() }
         return promise

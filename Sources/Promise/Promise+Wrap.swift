@@ -12,7 +12,7 @@ extension Promise {
     public static func wrap(
         _ body: (_ completion: @escaping @Sendable (Result<Value, any Error>) -> Void) throws -> Void
     ) -> Promise<Value> {
-        let promise = Promise<Value>()
+        let promise = Promise<Value>(madeByLibrary: ())
         do {
             try body { promise.resolve($0) }
         } catch {

@@ -45,6 +45,21 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         noteCreationSite(file: file, line: line)
     }
 
+    /// A pending promise made by the library for the caller (a combinator's output, a
+    /// timer's promise): it records no creation site, which would name the library's own
+    /// source (`PromiseDiagnostic.creationSite` is nil for such promises).
+    @usableFromInline
+    init(madeByLibrary: Void) {
+        super.init()
+    }
+
+    /// `init(madeByLibrary:)`, already rejected with `error`.
+    static func madeByLibrary(rejectedWith error: any Error) -> Promise<Value> {
+        let promise = Promise(madeByLibrary: ())
+        promise.reject(error)
+        return promise
+    }
+
     /// A promise already fulfilled with `value` (`file` and `line`: see `init(file:line:)`).
     @inlinable
     public init(value: Value, file: StaticString = #fileID, line: UInt = #line) {
@@ -212,7 +227,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     }
 
     final override func makeBrokenStandIn() -> AnyPromise {
-        Promise(error: PromiseError.brokenPromise)
+        Promise.madeByLibrary(rejectedWith: PromiseError.brokenPromise)
     }
 
     final override var typeName: String {

@@ -75,19 +75,28 @@ extension AnyPromise {
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
     /// Whether any of `detached` still waits: any node but a waiter list whose waiters all
-    /// gave up (a timed-out `wait` leaves nobody waiting) and the observers a prune would
+    /// gave up (a timed-out `wait` leaves nobody waiting), the observers a prune would
     /// have taken off (`observerHasGivenUp`: whether one is still listed depends only on
-    /// when the last prune ran). For the broken-promise report.
+    /// when the last prune ran), and `onCancel` handlers, which wait for a cancel that
+    /// freeing is not. For the broken-promise report.
     private final func anyoneWaits(on detached: UnsafeMutablePointer<pc_node>) -> Bool {
         var node: UnsafeMutablePointer<pc_node>? = detached
         while let current = node {
-            let gaveUp = nodeFires(current, through: rareStateFire)
-                ? existingRareState?.waitingCount == 0
-                : observerHasGivenUp(current, nil)
-            if !gaveUp { return true }
+            if nodeWaitsForAnOutcome(current) { return true }
             node = current.pointee.next
         }
         return false
+    }
+
+    /// Whether `node`, registered on this pending promise, still waits for its outcome
+    /// (see `anyoneWaits`).
+    final func nodeWaitsForAnOutcome(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
+        if nodeFires(node, through: rareStateFire) { return existingRareState?.waitingCount != 0 }
+        if nodeFires(node, through: observerBoxFire),
+           !CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)._withUnsafeGuaranteedRef({ $0.waitsForOutcome }) {
+            return false
+        }
+        return !observerHasGivenUp(node, nil)
     }
 
     final func breakObservers(_ detached: UnsafeMutablePointer<pc_node>) {

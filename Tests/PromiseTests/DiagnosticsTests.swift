@@ -15,6 +15,7 @@ private struct Marker: Error, Equatable, CustomStringConvertible {
 
 private struct BrokenMarker: Sendable {}
 private struct CycleMarker: Sendable {}
+private struct OnCancelMarker: Sendable {}
 
 final class DiagnosticsTests: XCTestCase {
     private let events = Recorder<PromiseDiagnostic>()
@@ -244,5 +245,66 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertFalse(String(reflecting: promise).contains("made at"))
         #endif
         XCTAssertFalse(String(reflecting: promise.then { $0 }).contains("made at"), "continuations record no site")
+    }
+
+    /// A fire-and-forget `catch` handled the error: the child it returns, which passes the
+    /// error on and which nobody keeps, is no unhandled rejection.
+    func testAFireAndForgetCatchHandlesTheError() {
+        let logged = Counter()
+        do {
+            let promise = Promise<Int>()
+            promise.catch(on: .immediate) { _ in logged.increment() }
+            promise.reject(Marker(id: 40))
+        }
+        XCTAssertEqual(logged.value, 1)
+        XCTAssertEqual(unhandled(40).count, 0, "\(events.values)")
+        // `always` does not read the error: its child, dropped, still reports it.
+        do {
+            let promise = Promise<Int>()
+            promise.always(on: .immediate) {}
+            promise.reject(Marker(id: 41))
+        }
+        XCTAssertEqual(unhandled(41).count, 1, "\(events.values)")
+    }
+
+    /// An `onCancel` handler waits for a cancel, which freeing is not: a promise with only
+    /// that, dropped pending, is no broken promise (and its handler does not run).
+    func testAPromiseWithOnlyAnOnCancelHandlerDroppedPendingIsNotBroken() {
+        let ran = Counter()
+        do {
+            let promise = Promise<OnCancelMarker>()
+            promise.onCancel { ran.increment() }
+        }
+        XCTAssertEqual(events(about: "Promise<OnCancelMarker>").count, 0, "\(events.values)")
+        XCTAssertEqual(ran.value, 0)
+        // With another observer it is.
+        do {
+            let promise = Promise<OnCancelMarker>()
+            promise.onCancel { ran.increment() }
+            promise.whenComplete(on: .immediate) { _ in }
+        }
+        XCTAssertEqual(events(about: "Promise<OnCancelMarker>").count, 1, "\(events.values)")
+    }
+
+    /// Promises the library makes for the caller (combinators' outputs, timers) record no
+    /// creation site: the library's own source would name nothing useful.
+    func testPromisesTheLibraryMakesRecordNoSite() {
+        let outputs: [(String, AnyPromise)] = [
+            ("all", Promise.all([Promise<Int>()])),
+            ("allSettled", Promise.allSettled([Promise<Int>()])),
+            ("any", Promise.any([Promise<Int>()])),
+            ("race", Promise.race([Promise<Int>()])),
+            ("and", Promise<Int>().and(Promise<Int>())),
+            ("all(maxConcurrent:)", Promise<Int>.all([1], maxConcurrent: 1, on: .immediate) { _ in Promise<Int>() }),
+            ("sequence", Promise<Int>.sequence(on: .immediate, [1]) { _ in Promise<Int>() }),
+            ("retry", Promise<Int>.retry(attempts: 1, on: .immediate) { Promise<Int>() }),
+            ("retry(attempts: 0)", Promise<Int>.retry(attempts: 0) { Promise<Int>() }),
+            ("after", Promise<Void>.after(.seconds(100))),
+            ("wrap", Promise<Int>.wrap { (_: @escaping @Sendable (Result<Int, any Error>) -> Void) in }),
+        ]
+        for (name, output) in outputs {
+            XCTAssertFalse(String(reflecting: output).contains("made at"), "\(name): \(String(reflecting: output))")
+            output.cancel()
+        }
     }
 }
