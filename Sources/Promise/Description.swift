@@ -39,7 +39,7 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     /// the settling thread may be handing out at that moment, or cost every registration
     /// an atomic add.
     public final var debugDescription: String {
-        let waiting = hasWaitingObservers ? "observers waiting" : "no observers waiting"
+        let waiting = anyObserverWaits ? "observers waiting" : "no observers waiting"
         let up: String
         if parentAddress == nil {
             up = "root"
@@ -50,6 +50,21 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
         }
         let made = creationSiteIfRecorded.map { ", made at \($0)" } ?? ""
         return "\(description) at \(addressDescription)\(made), \(waiting), \(up)"
+    }
+
+    /// Whether an observer still waits for this promise: not those that gave up (a
+    /// timed-out `wait`, the slot of a combinator that settled without it, a cancelled
+    /// child) nor `onCancel` handlers (see `nodeWaitsForAnOutcome`). The nodes are looked
+    /// at while a prune that keeps them all holds the stack; if another prune holds it,
+    /// or the promise settles meanwhile, the stack's emptiness answers.
+    private var anyObserverWaits: Bool {
+        guard hasWaitingObservers else { return false }
+        var look = ObserverLook(promise: Unmanaged.passUnretained(self))
+        var kept = 0
+        let looked = withUnsafeMutablePointer(to: &look) { pointer in
+            pc_prune(corePointer, observerLookWaits, releaseNothing, UnsafeMutableRawPointer(pointer), &kept)
+        }
+        return looked ? look.found : hasWaitingObservers
     }
 
     private var outcomeDescription: String {
@@ -68,3 +83,21 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
         return "0x" + String(repeating: "0", count: max(0, 2 * MemoryLayout<UInt>.size - hex.count)) + hex
     }
 }
+
+/// What `anyObserverWaits` shows each node to, through `pc_prune`'s context.
+private struct ObserverLook {
+    let promise: Unmanaged<AnyPromise>
+    var found = false
+}
+
+/// `pc_prune`'s test for `anyObserverWaits`: notes a node that waits, takes none off.
+private func observerLookWaits(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
+    let look = context.unsafelyUnwrapped.assumingMemoryBound(to: ObserverLook.self)
+    if !look.pointee.found {
+        look.pointee.found = look.pointee.promise._withUnsafeGuaranteedRef { $0.nodeWaitsForAnOutcome(node) }
+    }
+    return false
+}
+
+/// `pc_prune`'s release for `anyObserverWaits`, which takes nothing off.
+private func releaseNothing(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) {}

@@ -75,6 +75,21 @@ final class DescriptionTests: XCTestCase {
                       "settled: every observer was handed out")
     }
 
+    /// Observers that gave up, and `onCancel` handlers, wait for nothing.
+    func testDebugDescriptionCountsOnlyObserversThatStillWait() {
+        let polled = Promise<Int>()
+        XCTAssertThrowsError(try polled.wait(timeout: .milliseconds(1)))
+        XCTAssertTrue(polled.debugDescription.hasSuffix(", no observers waiting, root"), "a timed-out wait: \(polled.debugDescription)")
+        polled.onCancel {}
+        XCTAssertTrue(polled.debugDescription.hasSuffix(", no observers waiting, root"), "onCancel: \(polled.debugDescription)")
+        polled.then(on: .immediate) { $0 }.cancel()
+        XCTAssertTrue(polled.debugDescription.hasSuffix(", no observers waiting, root"), "a cancelled child: \(polled.debugDescription)")
+        _ = Promise.race([Promise(value: 1), polled])
+        XCTAssertTrue(polled.debugDescription.hasSuffix(", no observers waiting, root"), "a settled race: \(polled.debugDescription)")
+        polled.whenComplete(on: .immediate) { _ in }
+        XCTAssertTrue(polled.debugDescription.hasSuffix(", observers waiting, root"), polled.debugDescription)
+    }
+
     func testDebugDescriptionShowsTheParentWhileItLives() {
         var parent: Promise<String>? = Promise<String>()
         let child = parent!.then(on: .immediate) { $0.count }
