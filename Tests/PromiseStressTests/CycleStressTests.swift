@@ -1,7 +1,10 @@
 // Cycles closed by several threads at once: each of 2 or 3 threads makes one promise of a
 // ring follow the next at the same moment. Whichever thread closes the ring last must see
 // the others' links (each records its link, fences, then reads), so every promise of the
-// ring ends rejected with PromiseError.cycle: none is left pending for ever.
+// ring ends rejected with PromiseError.cycle: none is left pending for ever. The same for
+// rings that pass through combinators (a promise following a race over the next one),
+// and for a promise following a combinator over itself while another thread settles the
+// combinator's other input or cancels the combinator.
 import Dispatch
 import Foundation
 import Promise
@@ -43,6 +46,79 @@ final class CycleStressTests: XCTestCase {
             }
             _ = consume ring
             checker.check(weakFirst == nil, "the ring was not freed")
+            return true
+        }
+    }
+
+    func testRingsThroughCombinatorsClosedAtOnceAlwaysSettle() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var kinds = [0, 0, 0, 0]  // by round % 4
+        var cycles = 0
+
+        runStressRounds("follow rings through combinators closed by threads at once", invariants: [
+            "a ring of two promises, each following a race over the other, ends rejected with PromiseError.cycle",
+            "a promise following a combinator over itself ends rejected with PromiseError.cycle, or takes the combinator's cancel; never pending",
+            "a cancel of the combinator reaches its inputs still pending",
+            "every promise of the round is freed",
+        ], details: {
+            "rings: \(kinds[0]); self-races alone: \(kinds[1]), against a fulfil: \(kinds[2]), against a cancel: \(kinds[3]); ended with cycle: \(cycles)"
+        }) { checker in
+            let round = checker.round
+            let kind = round % 4
+            kinds[kind] += 1
+            let p = Promise<Int>(), q = Promise<Int>()
+            weak let weakP = p
+            weak let weakQ = q
+            // Built before the threads start: a combinator's links to its inputs are there
+            // before anyone can follow it.
+            let overQ = Promise.race([q])
+            let both = Promise.all([p, q])
+            let overP = kind == 0 ? Promise.race([p]) : both.map(on: .immediate) { $0[0] + $0[1] }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                for _ in 0..<random.below(64) { _ = random.next() }
+                switch (kind, seat) {
+                case (0, 0): p.resolve(with: overQ)
+                case (0, _): q.resolve(with: overP)
+                case (_, 0): p.resolve(with: overP)
+                case (2, _): q.fulfill(round)
+                case (3, _): both.cancel()  // reaches its pending inputs: p
+                default: break
+                }
+            }
+            checker.check(finished, "round hung")
+            let outcomeP = Result { try p.wait(timeout: .seconds(20)) }
+            func isCycle(_ outcome: Result<Int, any Error>) -> Bool {
+                if case .failure(PromiseError.cycle) = outcome { return true }
+                return false
+            }
+            if isCycle(outcomeP) { cycles += 1 }
+            switch kind {
+            case 0:
+                let outcomeQ = Result { try q.wait(timeout: .seconds(20)) }
+                checker.check(isCycle(outcomeP) && isCycle(outcomeQ), "a ring through races ended \(outcomeP), \(outcomeQ)")
+            case 1:
+                checker.check(isCycle(outcomeP), "a promise following all([itself, q]) ended \(outcomeP)")
+            case 2:
+                // q's fulfil cannot settle `all` while p is pending: only the cycle ends p.
+                checker.check(isCycle(outcomeP), "against a fulfil of the other input, ended \(outcomeP)")
+            default:
+                var cancelled = false
+                if case .failure(let error) = outcomeP, error is CancellationError { cancelled = true }
+                checker.check(isCycle(outcomeP) || cancelled, "against a cancel of the combinator, ended \(outcomeP)")
+                // Unless the cycle rejected p, and through it the combinator, first.
+                checker.check(both.isCancelled ? q.isCancelled : isCycle(outcomeP),
+                              "the combinator's cancel did not reach its other input: \(both), \(q)")
+            }
+            q.cancel()
+            _ = consume p
+            _ = consume q
+            _ = consume overP
+            _ = consume overQ
+            _ = consume both
+            checker.check(weakP == nil && weakQ == nil, "the promises of the round were not freed")
             return true
         }
     }
