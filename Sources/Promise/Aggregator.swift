@@ -226,6 +226,16 @@ extension AnyPromise {
         rareState.aggregatorMemory = address
     }
 
+    /// A root with a rare state settled by its holder or by the promise it followed (not
+    /// cancelled: `cancel` does this itself): if it is a combinator's output, its
+    /// aggregator lets go of the inputs it kept now, not when the next input settles, and
+    /// its slots on the inputs still pending give up. So an output settled from outside
+    /// keeps nothing either (`race([work, shutdown])` in a loop, each race rejected by hand).
+    @usableFromInline @inline(never)
+    final func settledRootLetsGoOfItsInputs() {
+        aggregatorIfAlive?.retireIfIdle()
+    }
+
     /// The aggregator that settles this combinator output, retained, if it is still
     /// alive; nil for any other promise (two loads for a root, none for a derived one).
     final var aggregatorIfAlive: Aggregator? {

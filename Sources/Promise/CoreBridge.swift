@@ -167,7 +167,11 @@ extension AnyPromise {
         guard let parent else {
             publishClaimedOutcome()
             // (A cancel leaves through `leavePendingSources`.)
-            if !isRoot && claimHint != UInt(PC_CANCELLED) { leaveParentIfPending() }
+            if isRoot {
+                if rareStateWordValue != 0 { settledRootLetsGoOfItsInputs() }
+            } else if claimHint != UInt(PC_CANCELLED) {
+                leaveParentIfPending()
+            }
             return
         }
         publishKeepingParent(parent)
@@ -256,12 +260,14 @@ extension AnyPromise {
     }
 
     /// The word holding the rare state's address (see `RareState`), 0 until it is made.
+    @usableFromInline
     final var rareStateWord: UnsafeMutablePointer<UInt> {
         (UnsafeMutableRawPointer(corePointer) + MemoryLayout<pc_promise>.offset(of: \pc_promise.rare)!)
             .assumingMemoryBound(to: UInt.self)
     }
 
     /// The rare state word (acquire: the object it points at is fully initialised).
+    @inlinable
     final var rareStateWordValue: UInt { pc_word_load(rareStateWord) }
 
     /// Publishes the rare state made by this thread; false if another thread's came first.

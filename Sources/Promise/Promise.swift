@@ -160,7 +160,11 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
             guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
             storeValue(value)
             pc_publish(corePointer)
-            if !isRoot { leaveParentIfPending() }  // a root's child settled early
+            if !isRoot {
+                leaveParentIfPending()  // a root's child settled early
+            } else if rareStateWordValue != 0 {
+                settledRootLetsGoOfItsInputs()  // a combinator's output, say
+            }
             return true
         }
         return fulfillKeepingParent(value)
