@@ -204,3 +204,56 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
         observer.take()?.run(source, source)
     }
 }
+
+/// A hook of the library's own on a promise's outcome, whatever it is: how a run
+/// (`retry`, `sequence`, `all(_:maxConcurrent:)`) learns that its output settled, by the
+/// run itself, by whoever holds the output, or by a cancel. It waits for nothing: it is no
+/// reader of the output's error (an unread rejection is still reported), and neither the
+/// broken-promise report nor `debugDescription` counts it as a waiting observer.
+final class OutcomeHook: ObserverBox, @unchecked Sendable {
+    let body: @Sendable (AnyPromise) -> Void
+
+    init(body: @escaping @Sendable (AnyPromise) -> Void) {
+        self.body = body
+        super.init()
+    }
+
+    override var waitsForOutcome: Bool { false }
+
+    override func run(_ source: AnyPromise) {
+        body(source)
+    }
+}
+
+/// What a run (`retry`, `sequence`, `all(_:maxConcurrent:)`) registers on its step in
+/// flight (an attempt, a work's promise, a pause): hands the step's result to the run,
+/// unless the run's output settled first. From then on it waits for nothing
+/// (`gaveUp`): a step that lives on (a long-lived promise that the work returned) takes it
+/// off at its next prune (`observerGaveUp`, which the run calls when its output settles),
+/// and with it the run and everything the run holds. So a run settled from outside leaves
+/// a bounded trace on such a step, not its results, closures and captures.
+final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
+    /// The run's output, by its memory (`HeldMemory`): `body` holds the run, which holds
+    /// the output, for as long as the box may run.
+    private let output: UnsafeMutableRawPointer
+    private var body: (@Sendable (Result<Value, any Error>) -> Void)?
+
+    init(until output: AnyPromise, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
+        self.output = UnsafeMutableRawPointer(bitPattern: HeldMemory.hold(Unmanaged.passUnretained(output))).unsafelyUnwrapped
+        self.body = body
+        super.init()
+    }
+
+    deinit {
+        HeldMemory.release(output)
+    }
+
+    /// Read by a pruner of the step, which holds the step's stack: the output's state
+    /// word, one load (the box holds its memory).
+    override var gaveUp: Bool { !HeldMemory.isPendingPromise(at: output) }
+
+    override func run(_ source: AnyPromise) {
+        let result = unsafeDowncast(source, to: Promise<Value>.self).publishedResult
+        body.take()?(result)
+    }
+}

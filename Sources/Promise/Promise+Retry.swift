@@ -122,22 +122,25 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
 }
 
 /// The step a `retry` waits for (an attempt, or the pause before the next): the one
-/// promise a cancel of the output must reach. One per run, registered once with the output's `onCancel`, so a run of any
-/// length holds nothing of its finished steps. The step is held weakly: the output looks
-/// down at its input, which its own resolver keeps alive (a strong link here would also
-/// close a cycle through the step's observer, which holds the run).
+/// promise a cancel of the output must reach. One per run, reached from the output's hook
+/// (`OutcomeHook`), so a run of any length holds nothing of its finished steps. The step is
+/// held weakly: the output looks down at its input, which its own resolver keeps alive (a
+/// strong link here would also close a cycle through the step's observer, which holds the
+/// run).
 ///
-/// Threading: its spin lock (`SpinLocked`), taken once per step and once per cancel (cold
-/// paths: never on the register, settle or fire path of any promise).
+/// Threading: its spin lock (`SpinLocked`), taken once per step and once when the output
+/// settles (cold paths: never on the register, settle or fire path of any promise).
 final class StepInFlight: SpinLocked, @unchecked Sendable {
     private weak var step: AnyPromise?
     private var cancelReason: (any Error)?
+    private var left = false
 
     /// Makes `step` the one in flight; cancels it at once if the output was cancelled
-    /// before it started.
+    /// before it started. (If the output settled otherwise, the run's observer, registered
+    /// next, gives up: see `StepObserver`.)
     func start(_ step: AnyPromise) {
         let reason: (any Error)? = withLock {
-            if cancelReason == nil { self.step = step }
+            if cancelReason == nil && !left { self.step = step }
             return cancelReason
         }
         if let reason { step.cancel(reason: reason) }
@@ -151,6 +154,36 @@ final class StepInFlight: SpinLocked, @unchecked Sendable {
             return self.step
         }
         step?.cancel(reason: reason)
+    }
+
+    /// The output settled otherwise (the run fulfilled or rejected it, or its holder did):
+    /// the step in flight goes on, but the run's observer on it gives up (`StepObserver`),
+    /// so that a step that lives on keeps nothing of the run.
+    func leave() {
+        let step: AnyPromise? = withLock {
+            left = true
+            defer { self.step = nil }
+            return self.step
+        }
+        step?.observerGaveUp()
+    }
+}
+
+/// A `retry` run: it holds the output it settles, and every closure of the run holds it,
+/// while the output's hook does not. So if they all let go while the output is pending (a
+/// context that drops an attempt or a `shouldRetry` call unrun), nothing can go on with
+/// it: the deinit rejects the output with `PromiseError.brokenPromise`. A run that stops
+/// on purpose with the output pending (a pause past `PromiseTimer.horizon`, which never
+/// elapses) says so first.
+private final class RetryRun<Value: Sendable>: @unchecked Sendable {
+    let output = Promise<Value>(madeByLibrary: ())
+    let inFlight = StepInFlight()
+    /// Set once, by the thread that meets the pause that never elapses, before the run's
+    /// closures let go of the run (the last release orders it before the deinit).
+    var waitsForever = false
+
+    deinit {
+        if !waitsForever { output.reject(PromiseError.brokenPromise) }
     }
 }
 
@@ -242,13 +275,19 @@ extension Promise {
         if let problem = backoff.problem {
             return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument("Promise.retry's backoff is out of range: \(problem)"))
         }
-        let output = Promise<Value>(madeByLibrary: ())
-        let inFlight = StepInFlight()
-        output.onCancel(withReason: { inFlight.cancel(reason: $0) })
+        let run = RetryRun<Value>()
+        let inFlight = run.inFlight
+        OutcomeHook { output in
+            if output.isCancelled {
+                inFlight.cancel(reason: output.failureOrCancellation)
+            } else {
+                inFlight.leave()
+            }
+        }.register(on: run.output)
 
         @Sendable func attempt(_ number: Int) {
             context.execute {
-                guard output.isPending else { return }  // cancelled: no more attempts
+                guard run.output.isPending else { return }  // settled: no more attempts
                 let current: Promise<Value>
                 do {
                     current = try body()
@@ -258,23 +297,25 @@ extension Promise {
                 inFlight.start(current)
                 // `current` weakly: its own observer must not keep it alive (a cycle while it
                 // is pending); when this runs, its firing holds it.
-                current.whenComplete(on: .immediate) { [weak current] result in
+                StepObserver<Value>(until: run.output) { [weak current] result in
                     switch result {
                     case .success(let value):
-                        output.fulfill(value)
+                        run.output.fulfill(value)
                     case .failure(let error):
                         if number >= attempts || current?.isCancelled == true {
-                            output.reject(error)
+                            run.output.reject(error)
                             return
                         }
                         guard let shouldRetry else { return pauseThenRetry(after: number) }
                         // The predicate is user code too: it runs on `context`, as `body` does.
                         context.execute {
-                            guard output.isPending else { return }  // cancelled meanwhile
-                            if shouldRetry(error) { pauseThenRetry(after: number) } else { output.reject(error) }
+                            guard run.output.isPending else { return }  // settled meanwhile
+                            if shouldRetry(error) { pauseThenRetry(after: number) } else { run.output.reject(error) }
                         }
                     }
-                }
+                }.register(on: current)
+                // Settled meanwhile, after `leave` had looked for this step: give up now.
+                if !run.output.isPending { current.observerGaveUp() }
             }
         }
 
@@ -286,13 +327,22 @@ extension Promise {
                 attempt(number + 1)
                 return
             }
+            guard delay <= PromiseTimer.horizon else {
+                // A pause that never elapses: no attempt comes after it, and the output
+                // stays pending until its holder settles, cancels or drops it.
+                run.waitsForever = true
+                return
+            }
             // The pause is the step in flight: cancelling the output cancels its timer,
             // which lets go of the run at once.
             let pause = makePause(delay)
             inFlight.start(pause)
-            pause.whenComplete(on: .immediate) { _ in attempt(number + 1) }
+            StepObserver<Void>(until: run.output) { result in
+                // Cancelled: so was the output, which then wants no more attempts.
+                if case .success = result { attempt(number + 1) }
+            }.register(on: pause)
         }
         attempt(1)
-        return output
+        return run.output
     }
 }

@@ -10,15 +10,18 @@
 /// another thread pumps only hands it a free slot, so an `.immediate` run of a million
 /// settled inputs loops instead of recursing, and the input iterator is only ever used by
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
-/// stops the pulling and cancels what is in flight; an outside settle of the output stops
-/// the pulling (what is in flight goes on, as an aggregate's inputs do).
+/// stops the pulling and cancels what is in flight. An outside settle of the output stops
+/// the pulling too; what is in flight goes on, as an aggregate's inputs do, but the run's
+/// observers on it give up (`StepObserver`), so a step that lives on keeps nothing of the
+/// run.
 ///
-/// Ownership: the run is the output's resolver. It holds the output; the output's
-/// `onCancel` holds the run weakly (a strong link back would keep both alive for ever
-/// once nothing else holds the run). The work queued on the context and the steps in
-/// flight hold the run. If all of those let go while the output is pending (a context
-/// that drops work unrun), nothing can go on with it: the run's deinit rejects the output
-/// with `PromiseError.brokenPromise`, as a promise that dies pending breaks its observers.
+/// Ownership: the run is the output's resolver. It holds the output; the output's hook
+/// (`OutcomeHook`) holds the run weakly (a strong link back would keep both alive for ever
+/// once nothing else holds the run). The work queued on the context and the observers on
+/// the steps in flight hold the run. If all of those let go while the output is pending (a
+/// context that drops work unrun), nothing can go on with it: the run's deinit rejects the
+/// output with `PromiseError.brokenPromise`, as a promise that dies pending breaks its
+/// observers.
 ///
 /// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
 /// call out.
@@ -33,7 +36,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     private var pumping = false
     private var exhausted = false
     private var stopped = false
-    /// Why the run stopped: given to a step that starts after it did.
+    /// Why the run stopped, if a cancel stopped it: given to a step that starts after.
     private var stopReason: (any Error)?
     private let limit: Int
     private let output = Promise<[Value]>(madeByLibrary: ())
@@ -59,7 +62,13 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
 
     /// Starts the run; the promise of its results.
     func run() -> Promise<[Value]> {
-        output.onCancel(withReason: { [weak self] in self?.stop(cancelling: $0) })
+        OutcomeHook { [weak self] output in
+            if output.isCancelled {
+                self?.stop(cancelling: output.failureOrCancellation)
+            } else {
+                self?.stop(cancelling: nil)  // by the run, or from outside
+            }
+        }.register(on: output)
         pump()
         return output
     }
@@ -108,17 +117,24 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
             } catch {
                 return fail(error)
             }
-            let stoppedBecause = withLock { () -> (any Error)? in
+            let (stoppedAlready, reason) = withLock { () -> (Bool, (any Error)?) in
                 if !stopped { inFlight[index] = WeakStep(promise: step) }
-                return stopped ? stopReason ?? CancellationError() : nil
+                return (stopped, stopReason)
             }
-            if let stoppedBecause { return step.cancel(reason: stoppedBecause) }
-            step.whenComplete(on: .immediate) { [self] result in
+            if stoppedAlready {
+                // A cancel reaches the step too; any other end leaves it alone.
+                if let reason { step.cancel(reason: reason) }
+                return
+            }
+            StepObserver<Value>(until: output) { [self] result in
                 switch result {
                 case .success(let value): complete(index, with: value)
                 case .failure(let error): fail(error)
                 }
-            }
+            }.register(on: step)
+            // Settled meanwhile, after `stop` had looked for this step's observer: it gives
+            // up now.
+            if !output.isPending { step.observerGaveUp() }
         }
     }
 
@@ -137,20 +153,32 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     }
 
     /// The first error: the output rejects with it, and what is in flight is cancelled.
+    /// The run stops first, taking the steps in flight: the output's hook, which runs
+    /// inside the reject, then finds nothing left to do.
     private func fail(_ error: any Error) {
-        guard output.reject(error) else { return }
-        stop(cancelling: CancellationError())
+        let reason = CancellationError()
+        guard let steps = stopTakingSteps(reason: reason) else { return }  // stopped already
+        output.reject(error)
+        for step in steps { step.cancel(reason: reason) }
     }
 
-    /// Pulls no more inputs and cancels the steps in flight with `reason`.
-    private func stop(cancelling reason: any Error) {
-        let steps = withLock { () -> [AnyPromise] in
-            if !stopped { stopReason = reason }
+    /// Pulls no more inputs, and cancels the steps in flight with `reason`; with none (the
+    /// output settled otherwise), leaves them: the observers on them give up.
+    private func stop(cancelling reason: (any Error)?) {
+        for step in stopTakingSteps(reason: reason) ?? [] {
+            if let reason { step.cancel(reason: reason) } else { step.observerGaveUp() }
+        }
+    }
+
+    /// Stops the run, once: the steps in flight, or nil if it had stopped already.
+    private func stopTakingSteps(reason: (any Error)?) -> [AnyPromise]? {
+        withLock { () -> [AnyPromise]? in
+            if stopped { return nil }
             stopped = true
+            stopReason = reason
             defer { inFlight = [:] }
             return inFlight.values.compactMap(\.promise)
         }
-        for step in steps { step.cancel(reason: reason) }
     }
 }
 

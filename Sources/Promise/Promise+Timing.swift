@@ -39,7 +39,7 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
     private enum Handle {
         case dispatch(DispatchWorkItem)
         case task(Task<Void, Never>)
-        /// An interval past `horizon`: nothing is scheduled; `work` waits for the cancel.
+        /// An interval past `horizon`: nothing is scheduled, and `work` is not kept.
         case never
     }
 
@@ -54,12 +54,16 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
 
     /// On Dispatch: `work` runs on a global queue `interval` from now.
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
-        let box = TimerWork(work)
-        self.box = box
         guard interval <= PromiseTimer.horizon else {
+            // Nothing will ever run `work`: keeping it would keep what it captures (the
+            // promise the timer settles, which holds the timer: a cycle), so a promise whose
+            // only resolver is this timer dies when its holder lets go, and breaks.
+            box = TimerWork(nil)
             handle = .never
             return
         }
+        let box = TimerWork(work)
+        self.box = box
         let item = DispatchWorkItem { box.take()?() }
         handle = .dispatch(item)
         DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
@@ -107,7 +111,7 @@ private final class TimerWork: @unchecked Sendable {
     private var taken: UInt = 0
     private var work: (@Sendable () -> Void)?
 
-    init(_ work: @escaping @Sendable () -> Void) {
+    init(_ work: (@Sendable () -> Void)?) {
         self.work = work
     }
 

@@ -52,6 +52,73 @@ final class RunLifetimeTests: XCTestCase {
     private let nodeBound = 2 * RareState.minimumGaveUpBeforePrune + 8
     private let rounds = 10_000
 
+    // MARK: A timer that never elapses keeps nothing
+
+    // An interval past a hundred years sets no timer. Were its work kept, the promise it
+    // would settle would be kept by it (the promise holds its timer, to cancel it): a
+    // cycle, and observers waiting for ever.
+
+    /// `Promise.after(.seconds(Int64.max))` ("never") dropped with a child: the child must
+    /// end `brokenPromise`, and the `after` promise must be freed.
+    func testAfterThatNeverElapsesIsFreedWhenDroppedAndBreaksItsChild() {
+        let weak = WeakPromise()
+        let child: Promise<Int> = {
+            let never = Promise.after(.seconds(Int64.max))
+            weak.promise = never
+            return never.then(on: .immediate) { 1 }
+        }()
+        XCTAssertTrue(eventually(timeout: 3) { weak.promise == nil },
+                      "a dropped after(never) is kept alive by its own timer (cycle)")
+        let error = errorWithin(child)
+        XCTAssertTrue(isBroken(error), "the child of a dropped after(never) should break, got \(String(describing: error))")
+    }
+
+    /// The same through `after(_:clock:)`.
+    func testAfterOnAClockThatNeverElapsesIsFreedWhenDropped() {
+        let clock = ManualClock()
+        let weak = WeakPromise()
+        do { weak.promise = Promise.after(.seconds(Int64.max), clock: clock) }
+        XCTAssertTrue(eventually(timeout: 3) { weak.promise == nil },
+                      "a dropped after(never, clock:) is kept alive by its own timer (cycle)")
+    }
+
+    /// `delay(.seconds(Int64.max))` of a fulfilled promise, dropped: the child and the value
+    /// it would deliver stay alive for ever.
+    func testDelayThatNeverElapsesIsFreedWithItsValueWhenDropped() {
+        let tracker = LifeTracker()
+        let weak = WeakPromise()
+        do {
+            let delayed = Promise(value: Payload(bytes: [1], tracker: tracker)).delay(.seconds(Int64.max))
+            weak.promise = delayed
+        }
+        XCTAssertTrue(eventually(timeout: 3) { weak.promise == nil && tracker.alive == 0 },
+                      "a dropped delay(never) is kept (\(weak.promise != nil)) with its value (\(tracker.alive) alive)")
+    }
+
+    /// `retry` whose backoff pauses for ever, dropped during the pause: the run (the body
+    /// and its captures), the output and its child stay alive for ever; the child never
+    /// settles.
+    func testRetryPausingForEverIsFreedWhenDroppedAndBreaksItsChild() {
+        let tracker = LifeTracker()
+        let calls = Counter()
+        let weak = WeakPromise()
+        let child: Promise<Int> = {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise<Int>.retry(attempts: 3, backoff: .fixed(.seconds(Int64.max))) {
+                calls.increment()
+                return Promise(error: Reason(tag: captured.bytes.count))
+            }
+            weak.promise = output
+            return output.then(on: .immediate) { $0 }
+        }()
+        XCTAssertTrue(eventually { calls.value == 1 }, "the first attempt ran")
+        XCTAssertTrue(eventually(timeout: 3) { weak.promise == nil && tracker.alive == 0 },
+                      "a dropped retry pausing for ever is kept (\(weak.promise != nil)) with its body (\(tracker.alive) alive)")
+        let error = errorWithin(child, seconds: 1)
+        XCTAssertTrue(isBroken(error), "the child of a dropped retry should break, got \(String(describing: error))")
+        XCTAssertEqual(calls.value, 1)
+    }
+
     // MARK: Combinator outputs settled from outside
 
     // Whoever holds a combinator's output may settle it. Then, as when its inputs settle
@@ -94,5 +161,82 @@ final class RunLifetimeTests: XCTestCase {
             let output = longLived.and(Promise(value: Payload(bytes: [1], tracker: tracker)))
             output.reject(Reason(tag: index))
         }
+    }
+
+    // MARK: Runs settled from outside
+
+    // The run's observer on the step in flight gives up when the output settles, so a
+    // long-lived step keeps a bounded number of them, and none of the runs (their results,
+    // work closures, input iterators, captures).
+
+    func testSequenceSettledFromOutsideLeavesALongLivedStep() {
+        let longLived = Promise<Payload>()
+        let tracker = LifeTracker()
+        for index in 0..<rounds {
+            let output = Promise.sequence(on: .immediate, [0, 1]) { step -> Promise<Payload> in
+                step == 0 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
+            }
+            output.reject(Reason(tag: index))
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "settled sequences stay registered on the long-lived step")
+        XCTAssertEqual(tracker.alive, 0, "a settled sequence nobody holds keeps its finished steps' values")
+        longLived.cancel()
+    }
+
+    func testBoundedFanOutSettledFromOutsideLeavesALongLivedStep() {
+        let longLived = Promise<Int>()
+        let tracker = LifeTracker()
+        for index in 0..<rounds {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
+                input == 0 ? Promise(value: captured.bytes.count) : longLived
+            }
+            output.fulfill([index])
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "settled fan-outs stay registered on the long-lived step")
+        XCTAssertEqual(tracker.alive, 0, "a settled fan-out nobody holds keeps its work closure")
+        longLived.cancel()
+    }
+
+    func testRetrySettledFromOutsideLeavesALongLivedAttempt() {
+        let longLived = Promise<Int>()
+        let tracker = LifeTracker()
+        for index in 0..<rounds {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
+                withExtendedLifetime(captured) {}
+                return longLived
+            }
+            output.reject(Reason(tag: index))
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "settled retries stay registered on the long-lived attempt")
+        XCTAssertEqual(tracker.alive, 0, "a settled retry nobody holds keeps its body's captures")
+        longLived.fulfill(1)
+    }
+
+    // MARK: A context that drops the work
+
+    // The work a run queues on its context is what settles its output. A context that
+    // drops it (against its contract: an executor shutting down) leaves nothing to go on
+    // with: the output, held by its user, ends `brokenPromise` rather than pending for ever.
+
+    func testRetryWhoseContextDropsItsWorkBreaksItsHeldOutput() {
+        let output = Promise<Int>.retry(attempts: 3, on: DroppingContext()) { Promise(value: 1) }
+        let error = errorWithin(output)
+        XCTAssertTrue(isBroken(error), "retry on a dropping context: \(String(describing: error)) instead of brokenPromise")
+        // `sequence` too:
+        let sequence = Promise.sequence(on: LimitedContext(running: 1), [1, 2, 3]) { Promise(value: $0) }
+        XCTAssertTrue(isBroken(errorWithin(sequence)))
+    }
+
+    /// The same for `retry` whose `shouldRetry` call is dropped by the context.
+    func testRetryWhoseContextDropsTheShouldRetryCallBreaksItsHeldOutput() {
+        let output = Promise<Int>.retry(attempts: 3, backoff: .fixed(.zero), on: LimitedContext(running: 1),
+                                        shouldRetry: { _ in true }) { Promise(error: Reason(tag: 1)) }
+        let error = errorWithin(output)
+        XCTAssertTrue(isBroken(error), "retry whose shouldRetry was dropped: \(String(describing: error)) instead of brokenPromise")
     }
 }
