@@ -27,6 +27,10 @@ final class Aggregator: @unchecked Sendable {
     typealias InputSettled = @Sendable (Aggregator, Int, AnyPromise) -> Void
 
     let count: Int
+    /// Whether the output can fulfil only once every input has settled (`all`,
+    /// `allSettled`, `and`), as against one input deciding (`race`, `any`): for the cycle
+    /// check (`WaitWalk`), an output that needs every input waits on each one.
+    let needsEveryInput: Bool
     private let slots: UnsafeMutablePointer<AggregatorSlot>
     /// The countdown (`countDown`) and the retirement gate (`pc_gate_enter`), two words.
     private let remaining: UnsafeMutablePointer<UInt>
@@ -42,9 +46,11 @@ final class Aggregator: @unchecked Sendable {
     ///   - inputSettled: the policy. It reaches the output through a reference that does
     ///     not hold it (`unowned(unsafe)`): the aggregator holds it for as long as the
     ///     policy can run.
-    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, inputSettled: @escaping InputSettled) {
+    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, needsEveryInput: Bool,
+         inputSettled: @escaping InputSettled) {
         precondition(MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.node) == 0)
         count = inputs.count
+        self.needsEveryInput = needsEveryInput
         slots = .allocate(capacity: count)
         slots.initialize(repeating: AggregatorSlot(), count: count)
         remaining = .allocate(capacity: 2)
@@ -101,12 +107,26 @@ final class Aggregator: @unchecked Sendable {
         unsafeDowncast(settledInput(at: index), to: Promise<V>.self).publishedResult
     }
 
-    /// The inputs that are still pending, retained: what a cancel of the output must reach
-    /// (`AnyPromise.cancel`), and what the output waits on (`wouldWaitOnItself`).
-    func appendPendingInputs(to inputs: inout [AnyPromise]) {
-        for index in 0..<count {
-            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending { inputs.append(input) }
+    /// The inputs that are still pending, retained, at most `limit` of them: what a cancel
+    /// of the output must reach (`AnyPromise.cancel`), and what the output waits on
+    /// (`WaitWalk`). Returns how many it appended.
+    @discardableResult
+    func appendPendingInputs(to inputs: inout [AnyPromise], limit: Int = .max) -> Int {
+        var appended = 0
+        for index in 0..<count where appended < limit {
+            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending {
+                inputs.append(input)
+                appended += 1
+            }
         }
+        return appended
+    }
+
+    /// Whether the promise at `address` is one of the inputs (one load per slot, no
+    /// retain): a link is there while its input is pending or kept.
+    func hasInput(at address: UnsafeMutableRawPointer) -> Bool {
+        let word = UInt(bitPattern: address)
+        return (0..<count).contains { pc_word_load(inputWord(slots + $0)) & ~UInt(PC_WORD_LOCKED) == word }
     }
 
     /// An input settled. Until the output has settled the slot keeps the input (its value

@@ -129,19 +129,12 @@ extension AnyPromise {
     /// Whether following `source` would make this promise wait on itself: `source` is this
     /// promise, or waits for it through a chain of waits of any length. A pending promise
     /// waits for the promise it follows (locked in), a pending child for its pending
-    /// parent (its handler has not run), and a pending combinator output for each of its
-    /// inputs still pending (`all`, `any`, `race`, `allSettled`, `and`). Called by a
-    /// promise that just locked in and recorded its followee (`recordFollowee`) and
-    /// registered on `source`, and has observers itself (`closesACycle`).
-    ///
-    /// Cost: when `source` is settled, or pending with no parent and following nothing
-    /// (the common case: a handler returns a fresh or settled promise), two loads. Otherwise
-    /// one try-retain (`swift_tryRetain`, a CAS) per promise of the chain `source` waits
-    /// on, which ends at its first settled or parentless promise. No lock and no
-    /// allocation, until the walk meets a combinator's output: then one try-retain per
-    /// input still pending (under that input's slot lock, held for the try), an array of
-    /// the branches still to walk, and each aggregator is walked once. Only promises that
-    /// others already wait on walk (`closesACycle`).
+    /// parent (its handler has not run), a pending output of `all`, `allSettled` or `and`
+    /// for each of its inputs still pending (it cannot fulfil before they do), and one of
+    /// `race` or `any` only when every input still pending waits on this promise (another
+    /// input could still settle it). Called by a promise that just locked in and recorded
+    /// its followee (`recordFollowee`) and registered on `source`, and has observers itself
+    /// (`closesACycle`). See `WaitWalk` for the walk and its cost.
     ///
     /// Races: two promises locking in to follow each other at the same time each record
     /// their link, fence, then read the other's; at least one of them sees the other's
@@ -151,37 +144,8 @@ extension AnyPromise {
     /// before anyone can follow it.
     final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
         if source === self { return true }
-        let me = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
-        var current = source
-        var branches: [AnyPromise] = []  // inputs of combinators met on the way, to walk next
-        var aggregatorsWalked: Set<ObjectIdentifier> = []
-        while true {
-            var next: UnsafeMutableRawPointer? = nil
-            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
-                // Locked in but its link not recorded yet: it waits on nobody we can see,
-                // and its own check, after recording, sees our link (the fences).
-                next = current.followeeAddress
-            } else if current.isPending {
-                if let parent = current.parentAddress {
-                    next = parent  // a child waits on its parent while it is pending
-                } else if let aggregator = current.aggregatorIfAlive,
-                          aggregatorsWalked.insert(ObjectIdentifier(aggregator)).inserted {
-                    let walked = branches.count
-                    aggregator.appendPendingInputs(to: &branches)
-                    if branches[walked...].contains(where: { $0 === self }) { return true }
-                }
-            }
-            if let next {
-                if next == me { return true }
-                // Alive, or the chain ends here: nobody waits on a dead promise any more.
-                if let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending {
-                    current = alive
-                    continue
-                }
-            }
-            guard let branch = branches.popLast() else { return false }
-            current = branch
-        }
+        var walk = WaitWalk(target: self)
+        return walk.reaches(from: source)
     }
 
     /// Rejects this promise, claimed as FOLLOWING by this thread, with
@@ -203,5 +167,125 @@ extension AnyPromise {
             PromiseDiagnostics.report(.cycle, for: self)
         }
         publishOutcomeFromHolder(keeping: kept)
+    }
+}
+
+/// The walk of `wouldWaitOnItself`: from a promise, along what it waits on, looking for
+/// the target (the promise that locks in).
+///
+/// Cost: along single links (a followee, a pending parent) one try-retain
+/// (`swift_tryRetain`, a CAS) per promise, with no lock and no allocation, to the first
+/// settled or parentless promise: when `source` is settled, or pending with no parent and
+/// following nothing (the common case: a handler returns a fresh or settled promise), two
+/// loads. At a combinator's output the walk branches: one load per input (is the target
+/// one of them?), then, for an output that needs every input, one try-retain per input
+/// still pending, under that input's slot lock, each walked in turn; for `race` and
+/// `any`, each pending input's single links. Once branched, the walk remembers what it
+/// met (a set of addresses: a chain shared by several inputs is walked once) and tries at
+/// most `budget` more promises. A cycle that only a longer walk would find (through the
+/// inputs of combinators with thousands of inputs still pending) is not looked for, and
+/// stays pending as it would without the check: the cost of a lock-in stays bounded
+/// however many promises wait on one combinator.
+struct WaitWalk {
+    /// How many promises a walk tries once it has branched.
+    static let budget = 1_024
+    /// How deep a walk goes into the inputs of `race` and `any` outputs nested in each
+    /// other's paths (each level asks whether every input still pending waits on the
+    /// target).
+    static let nesting = 8
+
+    private let target: UnsafeMutableRawPointer
+    private var budget = WaitWalk.budget
+    private var branched = false
+    /// Once branched: the promises and aggregators met, which `kept` keeps alive for the
+    /// walk, so that no address in the set is reused by another object meanwhile.
+    private var seen: Set<UnsafeMutableRawPointer> = []
+    private var kept: [AnyObject] = []
+
+    init(target: AnyPromise) {
+        self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
+    }
+
+    /// Where a promise's single links end.
+    private enum End {
+        case target
+        case elsewhere
+        case combinator(Aggregator)
+    }
+
+    /// Whether `source` waits on the target. `depth`: how many `race`/`any` levels the
+    /// walk is inside.
+    mutating func reaches(from source: AnyPromise, depth: Int = 0) -> Bool {
+        var branches: [AnyPromise] = []  // inputs of combinators met, still to walk
+        var start: AnyPromise? = source
+        while let current = start {
+            switch follow(from: current, remembering: true) {
+            case .target: return true
+            case .elsewhere: break
+            case .combinator(let aggregator):
+                if enter(aggregator, depth: depth, branches: &branches) { return true }
+            }
+            start = branches.popLast()
+        }
+        return false
+    }
+
+    /// Follows the single links from `start` (a followee, a pending parent) to where they
+    /// end. Once the walk branched, each promise tried costs one of the budget, and, with
+    /// `remembering`, one met before ends the chain (it was walked from there already).
+    private mutating func follow(from start: AnyPromise, remembering: Bool) -> End {
+        var current = start
+        while true {
+            let next: UnsafeMutableRawPointer?
+            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
+                // Locked in but its link not recorded yet: it waits on nobody we can see,
+                // and its own check, after recording, sees our link (the fences).
+                next = current.followeeAddress
+            } else if !current.isPending {
+                return .elsewhere
+            } else if let parent = current.parentAddress {
+                next = parent  // a child waits on its parent while it is pending
+            } else if let aggregator = current.aggregatorIfAlive {
+                return .combinator(aggregator)
+            } else {
+                return .elsewhere
+            }
+            guard let next else { return .elsewhere }
+            if next == target { return .target }
+            if branched {
+                guard budget > 0 else { return .elsewhere }
+                budget -= 1
+                if remembering && !seen.insert(next).inserted { return .elsewhere }
+            }
+            // Alive, or the chain ends here: nobody waits on a dead promise any more.
+            guard let alive = HeldMemory.promiseIfAlive(at: next), alive.isPending else { return .elsewhere }
+            if branched { kept.append(alive) }
+            current = alive
+        }
+    }
+
+    /// At a combinator's pending output: true if it waits on the target for sure; else,
+    /// for an output that needs every input, its inputs still pending go to `branches`.
+    private mutating func enter(_ aggregator: Aggregator, depth: Int, branches: inout [AnyPromise]) -> Bool {
+        branched = true
+        let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque())
+        guard seen.insert(address).inserted else { return false }
+        kept.append(aggregator)
+        if aggregator.needsEveryInput && aggregator.hasInput(at: target) { return true }
+        var inputs: [AnyPromise] = []
+        let limit = max(budget, 0)
+        let found = aggregator.appendPendingInputs(to: &inputs, limit: limit + 1)
+        budget -= found
+        if aggregator.needsEveryInput {
+            branches += inputs.prefix(limit)
+            return false
+        }
+        // `race`, `any`: waits on the target only if every input still pending does (all
+        // of them: an input past the budget might not).
+        guard !inputs.isEmpty, found <= limit, depth < WaitWalk.nesting else { return false }
+        for input in inputs where UnsafeMutableRawPointer(Unmanaged.passUnretained(input).toOpaque()) != target {
+            guard reaches(from: input, depth: depth + 1) else { return false }
+        }
+        return true
     }
 }

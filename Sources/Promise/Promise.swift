@@ -205,10 +205,12 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works (and
     /// leaves `other` alone). Ignored if the promise was settled already.
     ///
-    /// A promise never waits on itself: `p.resolve(with: p)`, or closing a cycle of
-    /// promises that follow each other (`a.resolve(with: b); b.resolve(with: a)`), rejects
-    /// it with `PromiseError.cycle` (Promises/A+ 2.3.1), and with it every promise of the
-    /// cycle, which follow it.
+    /// A promise never waits on itself: `p.resolve(with: p)`, closing a cycle of promises
+    /// that follow each other (`a.resolve(with: b); b.resolve(with: a)`), or following a
+    /// combinator over itself that nothing else can settle (an `all` it is an input of; a
+    /// `race` whose other inputs all wait on it) rejects it with `PromiseError.cycle`
+    /// (Promises/A+ 2.3.1), and with it every promise of the cycle, which follow it.
+    /// `p.resolve(with: Promise.race([p, shutdown]))` is no cycle: `shutdown` can settle it.
     ///
     /// ```swift
     /// let a = Promise<Int>(), b = Promise<Int>()

@@ -49,8 +49,9 @@ public enum PromiseError: Error, Sendable {
     /// ```
     case brokenPromise
     /// A promise would have waited on itself, directly (`p.resolve(with: p)`, a handler
-    /// returning its own child) or through a cycle of promises following each other
-    /// (Promises/A+ 2.3.1).
+    /// returning its own child), through a cycle of promises following each other
+    /// (Promises/A+ 2.3.1), or through a combinator over itself that nothing else can
+    /// settle (`p.resolve(with: Promise.all([p]).map { $0[0] })`).
     ///
     /// ```swift
     /// let p = Promise<Int>()

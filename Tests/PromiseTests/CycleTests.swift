@@ -119,8 +119,9 @@ final class CycleTests: XCTestCase {
 
     // MARK: Waits through a combinator
 
-    /// A combinator's output waits on each input still pending: following it from one of
-    /// its inputs closes a cycle, for each combinator.
+    /// The output of `all`, `allSettled` or `and` cannot fulfil before each input did:
+    /// following it from one of its inputs closes a cycle. The output of `race` or `any`
+    /// waits on itself only when it is the only input still pending.
     func testFollowingACombinatorOverItselfRejects() {
         let race = Promise<Int>()
         race.resolve(with: Promise.race([race]))
@@ -132,7 +133,7 @@ final class CycleTests: XCTestCase {
         XCTAssertTrue(other.isPending, "an input outside the cycle is untouched")
 
         let any = Promise<Int>()
-        any.resolve(with: Promise.any([other, any]))
+        any.resolve(with: Promise.any([any, any, Promise(error: TestError(1))]))
         assertCycle(any)
 
         let settled = Promise<Int>()
@@ -169,11 +170,42 @@ final class CycleTests: XCTestCase {
         let parent = Promise<Int>()
         let slot = Slot<Promise<Int>>()
         let other = Promise<Int>()
-        let child = parent.flatMap(on: .immediate) { _ in Promise.any([slot.value!, other]) }
+        let child = parent.flatMap(on: .immediate) { _ in Promise.all([slot.value!, other]).map(on: .immediate) { $0[1] } }
         slot.value = child
-        child.whenComplete { _ in }  // observed: the check walks only when someone waits
         parent.fulfill(1)
         assertCycle(child)
+    }
+
+    /// `race` or `any` over the follower and another input still pending is no cycle: the
+    /// other input may settle it (a request racing a shutdown signal).
+    func testFollowingARaceThatAnotherInputCanWinIsNoCycle() {
+        let p = Promise<Int>(), shutdown = Promise<Int>()
+        p.resolve(with: Promise.race([p, shutdown]))
+        XCTAssertTrue(p.isPending)
+        shutdown.fulfill(5)
+        XCTAssertEqual(value(p), 5)
+
+        let q = Promise<Int>(), fallback = Promise<Int>()
+        q.resolve(with: Promise.any([q.then(on: .immediate) { $0 }, fallback]))
+        XCTAssertTrue(q.isPending)
+        fallback.fulfill(6)
+        XCTAssertEqual(value(q), 6)
+
+        // With every other input waiting on the follower too, nothing can settle it.
+        let r = Promise<Int>()
+        r.resolve(with: Promise.race([r.then(on: .immediate) { $0 }, r]))
+        assertCycle(r)
+    }
+
+    /// Inputs that share a long pending chain: the walk takes the chain once, and finds
+    /// the cycle at its end.
+    func testInputsSharingAPendingChainAreWalkedOnce() {
+        let p = Promise<Int>()
+        var top: Promise<Int> = p.then(on: .default) { $0 }
+        for _ in 0..<200 { top = top.then(on: .default) { $0 } }
+        let inputs = (0..<200).map { index in top.then(on: .default) { $0 + index } }
+        p.resolve(with: Promise.all(inputs).map(on: .immediate) { $0[0] })
+        assertCycle(p)
     }
 
     /// No false cycle: inputs that share an ancestor (a diamond), and a combinator whose
