@@ -265,10 +265,10 @@ extension StoredHandler {
                 child.fulfillFromHandler(value, parent: source)
             } else if let error = source.rejection {
                 body(error)
-                child.rejectFromHandler(error, parent: source)
                 // `body` read the error the child passes on: a fire-and-forget `catch`
-                // handled it (no unhandled rejection for the child it returns).
-                child.noteErrorSeen()
+                // handled it (no unhandled rejection for the child it returns). Only if
+                // the child took that error: settled otherwise first, its error is news.
+                if child.rejectFromHandler(error, parent: source) { child.noteErrorSeen() }
             } else if let reason = source.cancellationReason {
                 body(reason)
             }

@@ -35,9 +35,9 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     ///
     /// The parent reads `parent released` once it is gone (a settled promise does not
     /// keep its parent: see `parent`) and `root` for a promise without one. It says
-    /// whether observers are waiting, not how many: counting them would walk a list that
-    /// the settling thread may be handing out at that moment, or cost every registration
-    /// an atomic add.
+    /// whether observers are waiting (not those that gave up, nor `onCancel` handlers),
+    /// not how many: it looks at them while it holds the list for a moment, as a prune
+    /// does, and stops at the first that waits.
     public final var debugDescription: String {
         let waiting = anyObserverWaits ? "observers waiting" : "no observers waiting"
         let up: String

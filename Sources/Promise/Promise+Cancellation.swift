@@ -35,19 +35,19 @@ extension AnyPromise {
     /// upload.catch { print($0) }   // UserAborted()
     /// ```
     public final func cancel(reason: any Error) {
-        var work: [AnyPromise] = [self]
-        while let promise = work.popLast() {
+        var work: [(promise: AnyPromise, reason: any Error)] = [(self, reason)]
+        while let (promise, reason) = work.popLast() {
             promise.cancelOne(reason: reason, into: &work)
         }
     }
 
     /// Cancels this promise alone (if pending) and appends to `work` the descendants and
-    /// owned work that the cancel must reach next.
-    private final func cancelOne(reason: any Error, into work: inout [AnyPromise]) {
+    /// owned work that the cancel must reach next, each with the reason it takes.
+    private final func cancelOne(reason: any Error, into work: inout [(promise: AnyPromise, reason: any Error)]) {
         if let from = settleFailureClaimingFrom(reason, as: PC_CANCELLED) {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
-            if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append(followee) }
+            if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append((followee, reason)) }
             leavePendingSources(claimedFrom: from)
         } else if !isCancelled, setTreeFlag(TreeFlag.cancelClaimed) {
             // Settled otherwise: remember the reason for descendants still to come. The
@@ -63,14 +63,26 @@ extension AnyPromise {
         // adopted, passed on by `passOnAdoptedCancel`). Then the aggregator lets go of
         // what it kept. A second cancel finds the inputs cancelled already.
         if isRoot, publishedTag == UInt(PC_CANCELLED), let aggregator = aggregatorIfAlive {
-            aggregator.appendPendingInputs(to: &work)
+            // With the output's own reason: a canceller whose claim lost passes that on.
+            var inputs: [AnyPromise] = []
+            aggregator.appendPendingInputs(to: &inputs)
+            if !inputs.isEmpty {
+                let ownReason = failureOrCancellation
+                work += inputs.map { ($0, ownReason) }
+            }
             aggregator.retireIfIdle()
         }
         // Walked whatever the claim above did: a child that left this promise's list while
         // it was pending (`leavePendingParent`) is reached only here, also when this
         // promise's own claim took a cancel first (the spin model's
         // -DBROKEN_CARRIER_SKIPS_REGISTRY).
-        forEachLinkedChild(reapplyingCancel: false) { work.append($0) }
+        // With the reason this promise passes down: that of the first cancel, when two
+        // race (the claim or the forwarded reason elects it).
+        var passedOn: (any Error)? = nil
+        forEachLinkedChild(reapplyingCancel: false) { child in
+            if passedOn == nil { passedOn = cancelReasonForDescendants ?? reason }
+            work.append((child, passedOn.unsafelyUnwrapped))
+        }
     }
 
     /// A cancelled promise waits for nothing any more: its registrations on promises

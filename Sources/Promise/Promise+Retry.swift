@@ -287,7 +287,7 @@ extension Promise {
 
         @Sendable func attempt(_ number: Int) {
             context.execute {
-                guard run.output.isPending else { return }  // settled: no more attempts
+                guard run.output.isFreeToSettle else { return }  // settled or locked in: no more attempts
                 let current: Promise<Value>
                 do {
                     current = try body()
@@ -309,7 +309,7 @@ extension Promise {
                         guard let shouldRetry else { return pauseThenRetry(after: number) }
                         // The predicate is user code too: it runs on `context`, as `body` does.
                         context.execute {
-                            guard run.output.isPending else { return }  // settled meanwhile
+                            guard run.output.isFreeToSettle else { return }  // settled meanwhile
                             if shouldRetry(error) { pauseThenRetry(after: number) } else { run.output.reject(error) }
                         }
                     }

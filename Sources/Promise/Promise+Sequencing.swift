@@ -10,8 +10,9 @@
 /// another thread pumps only hands it a free slot, so an `.immediate` run of a million
 /// settled inputs loops instead of recursing, and the input iterator is only ever used by
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
-/// stops the pulling and cancels what is in flight. An outside settle of the output stops
-/// the pulling too; what is in flight goes on, as an aggregate's inputs do, but the run's
+/// stops the pulling and cancels what is in flight. An outside settle of the output (or a
+/// lock-in to follow another promise, `resolve(with:)`) stops the pulling too; what is in
+/// flight goes on, as an aggregate's inputs do, but the run's
 /// observers on it give up (`StepObserver`), so a step that lives on keeps nothing of the
 /// run.
 ///
@@ -84,7 +85,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         }) else { return }
         while true {
             let canStart = withLock { () -> Bool in
-                if stopped || exhausted || results.count - finished >= limit || !output.isPending {
+                if stopped || exhausted || results.count - finished >= limit || !output.isFreeToSettle {
                     pumping = false
                     return false
                 }
@@ -110,7 +111,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
 
     private func start(_ input: Input, at index: Int) {
         context.execute { [self] in
-            guard output.isPending else { return }  // stopped: start nothing more
+            guard output.isFreeToSettle else { return }  // settled or locked in: start nothing more
             let step: Promise<Value>
             do {
                 step = try work(input)

@@ -33,16 +33,28 @@ extension AnyPromise {
         return from
     }
 
-    /// `reject` for a handler settling its child (see `fulfillFromHandler`).
-    @usableFromInline
-    final func rejectFromHandler(_ error: any Error, parent: AnyPromise) {
-        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return lostClaimToHandler(parent: parent) }
+    /// Whether nobody has settled this promise or locked it in to follow another yet (the
+    /// claim word, a relaxed load: a hint, for runs deciding whether to go on).
+    final var isFreeToSettle: Bool { claimHint == UInt(PC_CLAIM_FREE) }
+
+    /// `reject` for a handler settling its child (see `fulfillFromHandler`). Returns
+    /// whether the child ended rejected with `error` (not settled otherwise first, nor
+    /// cancelled by an ancestor's cancel).
+    @usableFromInline @discardableResult
+    final func rejectFromHandler(_ error: any Error, parent: AnyPromise) -> Bool {
+        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else {
+            lostClaimToHandler(parent: parent)
+            return false
+        }
+        var stored = false
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
             failure = error
+            stored = true
         }
         publishClaimedOutcome()
+        return stored
     }
 
     /// A handler's claim on its own child failed: locked in by `resolve(with:)` while the

@@ -210,6 +210,25 @@ final class BoundedFanOutTests: XCTestCase {
         }
     }
 
+    /// Locked in to follow another promise, the output can take nothing from the run: no
+    /// more input is pulled for it.
+    func testALockInStopsThePulling() {
+        let pulled = Counter()
+        let steps = Recorder<Promise<Int>>()
+        let output = Promise<Int>.all(CountedInputs(count: 100, pulled: pulled), maxConcurrent: 2, on: .immediate) { _ in
+            let step = Promise<Int>()
+            steps.append(step)
+            return step
+        }
+        let elsewhere = Promise<[Int]>()
+        output.resolve(with: elsewhere)
+        steps.values[0].fulfill(1)
+        steps.values[1].fulfill(2)
+        XCTAssertEqual(pulled.value, 2, "inputs pulled for an output that follows another promise")
+        elsewhere.fulfill([7])
+        XCTAssertEqual(value(output), [7])
+    }
+
     /// Settled from outside, the output stops the pulling: no input is pulled for it.
     func testAnOutsideSettleStopsThePulling() {
         let pulled = Counter()

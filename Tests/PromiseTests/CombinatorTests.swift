@@ -456,4 +456,24 @@ final class CombinatorTests: XCTestCase {
         func legacy(completion: @escaping (Int) -> Void) { completion(1); completion(2) }
         XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), 1)
     }
+
+    /// Two cancels of one output at once: every input still pending takes the reason the
+    /// output took, never the other canceller's.
+    func testConcurrentCancelsGiveTheInputsTheOutputsReason() {
+        let rounds = 500
+        let rows = (0..<rounds).map { _ -> ([Promise<Int>], Promise<[Int]>) in
+            let inputs = (0..<16).map { _ in Promise<Int>() }
+            return (inputs, Promise.all(inputs))
+        }
+        XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
+            rows[round].1.cancel(reason: TestError(thread + 1))
+        })
+        var mismatches = 0
+        for (inputs, output) in rows {
+            let reason = error(output) as? TestError
+            XCTAssertNotNil(reason)
+            mismatches += inputs.filter { error($0) as? TestError != reason }.count
+        }
+        XCTAssertEqual(mismatches, 0, "inputs took the losing canceller's reason")
+    }
 }

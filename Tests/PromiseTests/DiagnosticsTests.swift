@@ -17,6 +17,11 @@ private struct BrokenMarker: Sendable {}
 private struct CycleMarker: Sendable {}
 private struct OnCancelMarker: Sendable {}
 
+/// A promise a handler reaches once it exists.
+private final class Slot<T>: @unchecked Sendable {
+    var value: T?
+}
+
 final class DiagnosticsTests: XCTestCase {
     private let events = Recorder<PromiseDiagnostic>()
 
@@ -265,6 +270,21 @@ final class DiagnosticsTests: XCTestCase {
             promise.reject(Marker(id: 41))
         }
         XCTAssertEqual(unhandled(41).count, 1, "\(events.values)")
+    }
+
+    /// A `catch` child settled by someone else while the handler ran carries an error the
+    /// handler never saw: unread, it is reported.
+    func testACatchChildSettledOtherwiseStillReportsItsOwnError() {
+        let slot = Slot<Promise<Int>>()
+        do {
+            let promise = Promise<Int>()
+            let child = promise.catch(on: .immediate) { _ in slot.value?.reject(Marker(id: 43)) }
+            slot.value = child
+            promise.reject(Marker(id: 42))
+            slot.value = nil
+        }
+        XCTAssertEqual(unhandled(42).count, 0, "\(events.values)")
+        XCTAssertEqual(unhandled(43).count, 1, "\(events.values)")
     }
 
     /// An `onCancel` handler waits for a cancel, which freeing is not: a promise with only
