@@ -15,6 +15,11 @@ import Dispatch
 /// Contract: `execute` must run `work` exactly once, later (never inside the call), or
 /// handlers would run inside `then` on an already settled promise ("Zalgo"). Only the
 /// built-in `.immediate` context runs work inline, and the library treats it specially.
+/// A context that drops work unrun (an executor shut down) breaks the contract: the child
+/// whose handler it dropped stays pending while someone holds it (and is freed, its
+/// observers receiving `PromiseError.brokenPromise`, once nobody does). The runs that
+/// queue their own steps (`retry`, `sequence`, `all(_:maxConcurrent:)`) notice, and
+/// reject their output with `brokenPromise`.
 public protocol ExecutionContext: Sendable {
     /// Schedules `work` to run once, asynchronously.
     func execute(_ work: @escaping @Sendable () -> Void)
