@@ -3,7 +3,9 @@
 // work, on the settling thread), while a third rejects one work or cancels the result.
 // Every round checks that no more than `maxConcurrent` works were ever in flight, that the
 // result is the values in input order when nothing failed, and that it fails only with
-// the rejection or the cancel that the third thread made.
+// the rejection or the cancel that the third thread made. And runs (`all(_:maxConcurrent:)`,
+// `sequence`, `retry`) settled from outside while their steps settle on another thread:
+// their observers leave a long-lived step, which stays bounded over every round.
 import Dispatch
 import Foundation
 import Promise
@@ -77,5 +79,77 @@ final class BoundedFanOutStressTests: XCTestCase {
             }
             return true
         }
+    }
+
+    /// Captured by a run's work: alive while anything keeps the run.
+    private final class RunToken: Sendable {
+        let live: Locked<Int>
+        init(_ live: Locked<Int>) {
+            self.live = live
+            live.withLock { $0 += 1 }
+        }
+        deinit { live.withLock { $0 -= 1 } }
+    }
+
+    func testRunsSettledFromOutsideWhileTheirStepsSettleLeaveALongLivedStep() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        let longLived = Promise<Int>()
+        let liveRuns = Locked(0)
+        var kinds = [0, 0, 0]
+        var peakRuns = 0
+
+        runStressRounds("runs settled from outside while their steps settle", invariants: [
+            "the output ends rejected with the outside error (nothing else can settle it)",
+            "the long-lived step keeps a bounded number of runs (those its next prune takes), whatever the round",
+        ], details: {
+            "fan-outs: \(kinds[0]), sequences: \(kinds[1]), retries: \(kinds[2]); most runs kept alive at once: \(peakRuns)"
+        }) { checker in
+            let round = checker.round
+            let kind = round % 3
+            kinds[kind] += 1
+            let first = Promise<Int>()
+            let settleOutside: @Sendable () -> Void
+            let outcome: () -> Result<Int, any Error>
+            do {
+                // The first step settles on the other thread; the next waits on the
+                // long-lived promise, which never settles.
+                let token = RunToken(liveRuns)
+                switch kind {
+                case 0, 1:
+                    let work: @Sendable (Int) -> Promise<Int> = { index in withExtendedLifetime(token) { index == 0 ? first : longLived } }
+                    let output = kind == 0
+                        ? Promise<Int>.all([0, 1, 2], maxConcurrent: 2, on: .immediate, work)
+                        : Promise<Int>.sequence(on: .immediate, [0, 1, 2], work)
+                    settleOutside = { output.reject(Boom()) }
+                    outcome = { Result { try output.wait(timeout: .seconds(20)).count } }
+                default:
+                    let attempts = Locked(0)
+                    let output = Promise<Int>.retry(attempts: 3, on: .immediate) {
+                        withExtendedLifetime(token) { attempts.withLock { $0 += 1; return $0 } == 1 ? first : longLived }
+                    }
+                    settleOutside = { output.reject(Boom()) }
+                    outcome = { Result { try output.wait(timeout: .seconds(20)) } }
+                }
+                let finished = crew.play { seat in
+                    var random = StressRandom(round: round, seat: seat)
+                    crew.barrier.arriveAndWait()
+                    spin(random.below(200))
+                    if seat == 0 { settleOutside() } else if kind == 2 { first.reject(Boom()) } else { first.fulfill(1) }
+                }
+                checker.check(finished, "round hung")
+                switch outcome() {
+                case .failure(let error as Boom): _ = error
+                case let other: checker.fail("the output ended \(other)")
+                }
+            }
+            // A run that gave up stays on the long-lived step until its next prune, which
+            // comes after as many give-ups as the last prune kept nodes, and at least 8.
+            let runs = liveRuns.withLock { $0 }
+            peakRuns = max(peakRuns, runs)
+            checker.check(runs <= 3 * 8, "\(runs) runs kept alive by the long-lived step")
+            return true
+        }
+        longLived.cancel()
     }
 }
