@@ -167,9 +167,12 @@ extension AnyPromise {
         guard let parent else {
             publishClaimedOutcome()
             // (A cancel leaves through `leavePendingSources`.)
-            if isRoot {
+            if claimHint == UInt(PC_CANCELLED) {
+                // `cancel` goes on: it reaches a combinator's pending inputs, then retires
+                // its aggregator (which lets those inputs prune their slots).
+            } else if isRoot {
                 if rareStateWordValue != 0 { settledRootLetsGoOfItsInputs() }
-            } else if claimHint != UInt(PC_CANCELLED) {
+            } else {
                 leaveParentIfPending()
             }
             return

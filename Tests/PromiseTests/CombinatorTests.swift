@@ -457,6 +457,24 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), 1)
     }
 
+    /// A cancel of an output reaches its pending inputs however many other aggregates let
+    /// go of them before (each counts a give-up on them, and every so many a prune).
+    func testACancelReachesAPendingInputWhateverItsGiveUpCount() {
+        for earlier in 0..<20 {
+            let shared = Promise<Int>()
+            var kept: [Promise<Int>] = []
+            for _ in 0..<earlier {
+                let other = Promise<Int>()
+                kept.append(Promise.race([shared, other]))
+                other.fulfill(1)  // settles that race: its slot on `shared` gives up
+            }
+            let last = Promise<Int>()
+            Promise.race([shared, last]).cancel(reason: TestError(9))
+            XCTAssertTrue(last.isCancelled)
+            XCTAssertTrue(shared.isCancelled, "missed after \(earlier) races let go of it")
+        }
+    }
+
     /// Two cancels of one output at once: every input still pending takes the reason the
     /// output took, never the other canceller's.
     func testConcurrentCancelsGiveTheInputsTheOutputsReason() {
