@@ -27,10 +27,31 @@ final class Aggregator: @unchecked Sendable {
     typealias InputSettled = @Sendable (Aggregator, Int, AnyPromise) -> Void
 
     let count: Int
-    /// Whether the output can fulfil only once every input has settled (`all`,
-    /// `allSettled`, `and`), as against one input deciding (`race`, `any`): for the cycle
-    /// check (`WaitWalk`), an output that needs every input waits on each one.
-    let needsEveryInput: Bool
+    /// Which outcome of one input settles the output before the others (for the cycle
+    /// check, `WaitWalk`: an output waits on a promise that locks in if nothing else can
+    /// settle it).
+    enum SettledEarlyBy {
+        /// None: the output settles once every input has (`allSettled`).
+        case nothing
+        /// A rejection or cancel (`all`, `and`).
+        case failure
+        /// A fulfilment (`any`).
+        case fulfilment
+        /// Any outcome (`race`).
+        case anyOutcome
+
+        /// Whether an input that settled with `tag` settles the output.
+        func settles(withTag tag: UInt) -> Bool {
+            switch self {
+            case .nothing: return false
+            case .failure: return tag != UInt(PC_FULFILLED)
+            case .fulfilment: return tag == UInt(PC_FULFILLED)
+            case .anyOutcome: return true
+            }
+        }
+    }
+
+    let settledEarlyBy: SettledEarlyBy
     private let slots: UnsafeMutablePointer<AggregatorSlot>
     /// The countdown (`countDown`) and the retirement gate (`pc_gate_enter`), two words.
     private let remaining: UnsafeMutablePointer<UInt>
@@ -46,11 +67,11 @@ final class Aggregator: @unchecked Sendable {
     ///   - inputSettled: the policy. It reaches the output through a reference that does
     ///     not hold it (`unowned(unsafe)`): the aggregator holds it for as long as the
     ///     policy can run.
-    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, needsEveryInput: Bool,
+    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, settledEarlyBy: SettledEarlyBy,
          inputSettled: @escaping InputSettled) {
         precondition(MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.node) == 0)
         count = inputs.count
-        self.needsEveryInput = needsEveryInput
+        self.settledEarlyBy = settledEarlyBy
         slots = .allocate(capacity: count)
         slots.initialize(repeating: AggregatorSlot(), count: count)
         remaining = .allocate(capacity: 2)
@@ -107,26 +128,29 @@ final class Aggregator: @unchecked Sendable {
         unsafeDowncast(settledInput(at: index), to: Promise<V>.self).publishedResult
     }
 
-    /// The inputs that are still pending, retained, at most `limit` of them: what a cancel
-    /// of the output must reach (`AnyPromise.cancel`), and what the output waits on
-    /// (`WaitWalk`). Returns how many it appended.
-    @discardableResult
-    func appendPendingInputs(to inputs: inout [AnyPromise], limit: Int = .max) -> Int {
-        var appended = 0
-        for index in 0..<count where appended < limit {
-            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending {
-                inputs.append(input)
-                appended += 1
-            }
+    /// The inputs that are still pending, retained: what a cancel of the output must
+    /// reach (`AnyPromise.cancel`).
+    func appendPendingInputs(to inputs: inout [AnyPromise]) {
+        for index in 0..<count {
+            if let input = UnownedLink.load(inputWord(slots + index)), input.isPending { inputs.append(input) }
         }
-        return appended
     }
 
-    /// Whether the promise at `address` is one of the inputs (one load per slot, no
-    /// retain): a link is there while its input is pending or kept.
-    func hasInput(at address: UnsafeMutableRawPointer) -> Bool {
-        let word = UInt(bitPattern: address)
-        return (0..<count).contains { pc_word_load(inputWord(slots + $0)) & ~UInt(PC_WORD_LOCKED) == word }
+    /// The inputs the slots still link (pending, or settled and kept), retained, in input
+    /// order, until `limit` of them: what the output waits on (`WaitWalk`). Returns
+    /// whether it looked at every slot, and whether some slot links no input any more (it
+    /// died, or the aggregator let it go).
+    func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
+        var unlinked = false
+        for index in 0..<count {
+            guard inputs.count < limit else { return (false, unlinked) }
+            if let input = UnownedLink.load(inputWord(slots + index)) {
+                inputs.append(input)
+            } else {
+                unlinked = true
+            }
+        }
+        return (true, unlinked)
     }
 
     /// An input settled. Until the output has settled the slot keeps the input (its value

@@ -129,10 +129,9 @@ extension AnyPromise {
     /// Whether following `source` would make this promise wait on itself: `source` is this
     /// promise, or waits for it through a chain of waits of any length. A pending promise
     /// waits for the promise it follows (locked in), a pending child for its pending
-    /// parent (its handler has not run), a pending output of `all`, `allSettled` or `and`
-    /// for each of its inputs still pending (it cannot fulfil before they do), and one of
-    /// `race` or `any` only when every input still pending waits on this promise (another
-    /// input could still settle it). Called by a promise that just locked in and recorded
+    /// parent (its handler has not run), a pending output of `allSettled` for each of its
+    /// inputs still pending, and one of `race`, `any`, `all` or `and` only when no input
+    /// can settle it any more (see `WaitWalk`). Called by a promise that just locked in and recorded
     /// its followee (`recordFollowee`) and registered on `source`, and has observers itself
     /// (`closesACycle`). See `WaitWalk` for the walk and its cost.
     ///
@@ -173,19 +172,23 @@ extension AnyPromise {
 /// The walk of `wouldWaitOnItself`: from a promise, along what it waits on, looking for
 /// the target (the promise that locks in).
 ///
-/// Cost: along single links (a followee, a pending parent) one try-retain
-/// (`swift_tryRetain`, a CAS) per promise, with no lock and no allocation, to the first
-/// settled or parentless promise: when `source` is settled, or pending with no parent and
-/// following nothing (the common case: a handler returns a fresh or settled promise), two
-/// loads. At a combinator's output the walk branches: one load per input (is the target
-/// one of them?), then, for an output that needs every input, one try-retain per input
-/// still pending, under that input's slot lock, each walked in turn; for `race` and
-/// `any`, each pending input's single links. Once branched, the walk remembers what it
-/// met (a set of addresses: a chain shared by several inputs is walked once) and tries at
-/// most `budget` more promises. A cycle that only a longer walk would find (through the
-/// inputs of combinators with thousands of inputs still pending) is not looked for, and
-/// stays pending as it would without the check: the cost of a lock-in stays bounded
-/// however many promises wait on one combinator.
+/// Along single links (a followee, a pending parent): one try-retain (`swift_tryRetain`,
+/// a CAS) per promise, with no lock and no allocation, to the first settled or
+/// parentless promise. When `source` is settled, or pending with no parent and following
+/// nothing (the common case: a handler returns a fresh or settled promise), two loads.
+///
+/// At a combinator's pending output the walk branches, over the inputs its slots still
+/// link (a try-retain each, under the slot's lock). An `allSettled` output waits on each
+/// input: any that waits on the target closes a cycle. Any other output may be settled
+/// by one input (`race`, `any`, and `all` or `and`, which reject with the first error):
+/// it waits on the target only if no input can settle it, that is if every pending input
+/// waits on the target (asked of each in turn, eight levels of such outputs deep at most)
+/// and no settled one is settling it. Once branched, the walk remembers what it met (a
+/// set of addresses: a chain shared by many inputs is walked once, outside those nested
+/// questions) and tries at most `budget` more promises, inputs included. A cycle that
+/// only a longer walk would find is not looked for, and stays pending as it would
+/// without the check: a lock-in costs a bounded amount however many promises wait on one
+/// combinator.
 struct WaitWalk {
     /// How many promises a walk tries once it has branched.
     static let budget = 1_024
@@ -213,13 +216,15 @@ struct WaitWalk {
         case combinator(Aggregator)
     }
 
-    /// Whether `source` waits on the target. `depth`: how many `race`/`any` levels the
-    /// walk is inside.
+    /// Whether `source` waits on the target. `depth`: how many levels of outputs that one
+    /// input may settle the walk is inside. Those levels neither use nor fill the set of
+    /// what was met (a chain met before may reach the target, which "met" does not say),
+    /// and spend the same budget.
     mutating func reaches(from source: AnyPromise, depth: Int = 0) -> Bool {
         var branches: [AnyPromise] = []  // inputs of combinators met, still to walk
         var start: AnyPromise? = source
         while let current = start {
-            switch follow(from: current, remembering: true) {
+            switch follow(from: current, remembering: depth == 0) {
             case .target: return true
             case .elsewhere: break
             case .combinator(let aggregator):
@@ -265,27 +270,41 @@ struct WaitWalk {
     }
 
     /// At a combinator's pending output: true if it waits on the target for sure; else,
-    /// for an output that needs every input, its inputs still pending go to `branches`.
+    /// for `allSettled`, its inputs still pending go to `branches`. At most `budget`
+    /// inputs are looked at.
     private mutating func enter(_ aggregator: Aggregator, depth: Int, branches: inout [AnyPromise]) -> Bool {
         branched = true
-        let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque())
-        guard seen.insert(address).inserted else { return false }
+        if depth == 0 {
+            let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque())
+            guard seen.insert(address).inserted else { return false }
+        }
         kept.append(aggregator)
-        if aggregator.needsEveryInput && aggregator.hasInput(at: target) { return true }
         var inputs: [AnyPromise] = []
         let limit = max(budget, 0)
-        let found = aggregator.appendPendingInputs(to: &inputs, limit: limit + 1)
-        budget -= found
-        if aggregator.needsEveryInput {
-            branches += inputs.prefix(limit)
+        let (complete, unlinked) = aggregator.appendLinkedInputs(to: &inputs, limit: limit)
+        budget -= inputs.count
+        let target = self.target
+        let isTarget = { (input: AnyPromise) in UnsafeMutableRawPointer(Unmanaged.passUnretained(input).toOpaque()) == target }
+        let early = aggregator.settledEarlyBy
+        if early == .nothing {
+            // `allSettled` waits on each input still pending.
+            if inputs.contains(where: isTarget) { return true }
+            branches += inputs.filter(\.isPending)
             return false
         }
-        // `race`, `any`: waits on the target only if every input still pending does (all
-        // of them: an input past the budget might not).
-        guard !inputs.isEmpty, found <= limit, depth < WaitWalk.nesting else { return false }
-        for input in inputs where UnsafeMutableRawPointer(Unmanaged.passUnretained(input).toOpaque()) != target {
-            guard reaches(from: input, depth: depth + 1) else { return false }
+        // One input may settle the output first: it waits on the target only if no input
+        // can, looking at all of them (an input past the budget, or one gone, might).
+        guard complete, !unlinked, depth < WaitWalk.nesting else { return false }
+        var waitsOnTarget = false
+        for input in inputs where !isTarget(input) {
+            let tag = input.publishedTag
+            if tag == UInt(PC_PENDING) {
+                guard reaches(from: input, depth: depth + 1) else { return false }
+                waitsOnTarget = true
+            } else if early.settles(withTag: tag) {
+                return false  // settling the output, if not done yet
+            }
         }
-        return true
+        return waitsOnTarget || inputs.contains(where: isTarget)
     }
 }

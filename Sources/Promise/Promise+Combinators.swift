@@ -26,7 +26,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count, needsEveryInput: true) { [unowned(unsafe) output] aggregator, _, input in
+        return aggregate(promises, into: output, countdown: count, settledEarlyBy: .failure) { [unowned(unsafe) output] aggregator, _, input in
             if input.isFulfilled {
                 guard aggregator.countDown() else { return }
                 output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
@@ -52,7 +52,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count, needsEveryInput: true) { [unowned(unsafe) output] aggregator, _, _ in
+        return aggregate(promises, into: output, countdown: count, settledEarlyBy: .nothing) { [unowned(unsafe) output] aggregator, _, _ in
             guard aggregator.countDown() else { return }
             output.fulfill((0..<count).map { aggregator.result(at: $0, as: Value.self) })
         }
@@ -73,7 +73,7 @@ extension Promise {
             return output
         }
         let count = promises.count
-        return aggregate(promises, into: output, countdown: count, needsEveryInput: false) { [unowned(unsafe) output] aggregator, index, input in
+        return aggregate(promises, into: output, countdown: count, settledEarlyBy: .fulfilment) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else if aggregator.countDown() {
@@ -99,7 +99,7 @@ extension Promise {
                 "Promise.race needs at least one promise, and was given none: nothing could ever settle it"))
         }
         let output = Promise<Value>(madeByLibrary: ())
-        return aggregate(promises, into: output, countdown: promises.count, needsEveryInput: false) { [unowned(unsafe) output] aggregator, index, input in
+        return aggregate(promises, into: output, countdown: promises.count, settledEarlyBy: .anyOutcome) { [unowned(unsafe) output] aggregator, index, input in
             if input.isFulfilled {
                 output.fulfill(aggregator.value(at: index, as: Value.self))
             } else {
@@ -121,7 +121,7 @@ extension Promise {
         var inputs: [AnyPromise] = [self]
         for other in repeat each others { inputs.append(other) }
         let output = Promise<(Value, repeat each Other)>(madeByLibrary: ())
-        return Self.aggregate(inputs, into: output, countdown: inputs.count, needsEveryInput: true) { [unowned(unsafe) output] aggregator, _, input in
+        return Self.aggregate(inputs, into: output, countdown: inputs.count, settledEarlyBy: .failure) { [unowned(unsafe) output] aggregator, _, input in
             guard input.isFulfilled else {
                 output.reject(input.failureOrCancellation)
                 return
@@ -156,11 +156,11 @@ extension Promise {
         _ inputs: [AnyPromise],
         into output: Promise<Output>,
         countdown: Int,
-        needsEveryInput: Bool,
+        settledEarlyBy: Aggregator.SettledEarlyBy,
         _ inputSettled: @escaping Aggregator.InputSettled
     ) -> Promise<Output> {
         let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown,
-                                    needsEveryInput: needsEveryInput, inputSettled: inputSettled)
+                                    settledEarlyBy: settledEarlyBy, inputSettled: inputSettled)
         output.recordAggregator(aggregator)
         aggregator.start(inputs)
         return output

@@ -3,8 +3,8 @@
 // the others' links (each records its link, fences, then reads), so every promise of the
 // ring ends rejected with PromiseError.cycle: none is left pending for ever. The same for
 // rings that pass through combinators (a promise following a race over the next one),
-// and for a promise following a combinator over itself while another thread settles the
-// combinator's other input or cancels the combinator.
+// and for a promise following a combinator over itself while another thread rejects the
+// combinator's other input (no cycle: that settles it) or cancels the combinator.
 import Dispatch
 import Foundation
 import Promise
@@ -58,11 +58,12 @@ final class CycleStressTests: XCTestCase {
 
         runStressRounds("follow rings through combinators closed by threads at once", invariants: [
             "a ring of two promises, each following a race over the other, ends rejected with PromiseError.cycle",
-            "a promise following a combinator over itself ends rejected with PromiseError.cycle, or takes the combinator's cancel; never pending",
+            "a promise following allSettled over itself ends rejected with PromiseError.cycle",
+            "a promise following all over itself and another input takes that input's rejection, or the combinator's cancel; never pending",
             "a cancel of the combinator reaches its inputs still pending",
             "every promise of the round is freed",
         ], details: {
-            "rings: \(kinds[0]); self-races alone: \(kinds[1]), against a fulfil: \(kinds[2]), against a cancel: \(kinds[3]); ended with cycle: \(cycles)"
+            "rings: \(kinds[0]); allSettled over itself: \(kinds[1]); all over itself against a reject: \(kinds[2]), against a cancel: \(kinds[3]); ended with cycle: \(cycles)"
         }) { checker in
             let round = checker.round
             let kind = round % 4
@@ -74,7 +75,12 @@ final class CycleStressTests: XCTestCase {
             // before anyone can follow it.
             let overQ = Promise.race([q])
             let both = Promise.all([p, q])
-            let overP = kind == 0 ? Promise.race([p]) : both.map(on: .immediate) { $0[0] + $0[1] }
+            let overP: Promise<Int>
+            switch kind {
+            case 0: overP = Promise.race([p])
+            case 1: overP = Promise.allSettled([p, q]).map(on: .immediate) { _ in 0 }
+            default: overP = both.map(on: .immediate) { $0[0] + $0[1] }
+            }
             let finished = crew.play { seat in
                 var random = StressRandom(round: round, seat: seat)
                 crew.barrier.arriveAndWait()
@@ -83,7 +89,7 @@ final class CycleStressTests: XCTestCase {
                 case (0, 0): p.resolve(with: overQ)
                 case (0, _): q.resolve(with: overP)
                 case (_, 0): p.resolve(with: overP)
-                case (2, _): q.fulfill(round)
+                case (2, _): q.reject(StressError(id: round))
                 case (3, _): both.cancel()  // reaches its pending inputs: p
                 default: break
                 }
@@ -100,10 +106,12 @@ final class CycleStressTests: XCTestCase {
                 let outcomeQ = Result { try q.wait(timeout: .seconds(20)) }
                 checker.check(isCycle(outcomeP) && isCycle(outcomeQ), "a ring through races ended \(outcomeP), \(outcomeQ)")
             case 1:
-                checker.check(isCycle(outcomeP), "a promise following all([itself, q]) ended \(outcomeP)")
+                checker.check(isCycle(outcomeP), "a promise following allSettled([itself, q]) ended \(outcomeP)")
             case 2:
-                // q's fulfil cannot settle `all` while p is pending: only the cycle ends p.
-                checker.check(isCycle(outcomeP), "against a fulfil of the other input, ended \(outcomeP)")
+                // `all` may still be settled by q's rejection: no cycle, p takes q's error.
+                var rejectedByQ = false
+                if case .failure(let error) = outcomeP, error as? StressError == StressError(id: round) { rejectedByQ = true }
+                checker.check(rejectedByQ, "a promise following all([itself, q]) while q rejects ended \(outcomeP)")
             default:
                 var cancelled = false
                 if case .failure(let error) = outcomeP, error is CancellationError { cancelled = true }

@@ -119,26 +119,27 @@ final class CycleTests: XCTestCase {
 
     // MARK: Waits through a combinator
 
-    /// The output of `all`, `allSettled` or `and` cannot fulfil before each input did:
-    /// following it from one of its inputs closes a cycle. The output of `race` or `any`
-    /// waits on itself only when it is the only input still pending.
+    /// The output of `allSettled` settles only once every input did: following it from
+    /// one of its inputs closes a cycle. One of `race`, `any`, `all` or `and` may be
+    /// settled by one input (`all` and `and` reject with the first error): it waits on the
+    /// promise only when every input still pending does.
     func testFollowingACombinatorOverItselfRejects() {
         let race = Promise<Int>()
         race.resolve(with: Promise.race([race]))
         assertCycle(race)
 
-        let all = Promise<Int>(), other = Promise<Int>()
-        all.resolve(with: Promise.all([other, all]).map(on: .immediate) { $0[1] })
+        let all = Promise<Int>()
+        all.resolve(with: Promise.all([Promise(value: 1), all]).map(on: .immediate) { $0[1] })
         assertCycle(all)
-        XCTAssertTrue(other.isPending, "an input outside the cycle is untouched")
 
         let any = Promise<Int>()
         any.resolve(with: Promise.any([any, any, Promise(error: TestError(1))]))
         assertCycle(any)
 
-        let settled = Promise<Int>()
-        settled.resolve(with: Promise.allSettled([settled]).map(on: .immediate) { _ in 0 })
+        let settled = Promise<Int>(), other = Promise<Int>()
+        settled.resolve(with: Promise.allSettled([settled, other]).map(on: .immediate) { _ in 0 })
         assertCycle(settled)
+        XCTAssertTrue(other.isPending, "an input outside the cycle is untouched")
 
         let both = Promise<Int>()
         both.resolve(with: both.and(Promise(value: "x")).map(on: .immediate) { $0.0 })
@@ -159,7 +160,7 @@ final class CycleTests: XCTestCase {
         let p = Promise<Int>()
         let child = p.then(on: .default) { $0 + 1 }
         let other = Promise<Int>()
-        let outer = Promise.all([Promise.race([child]), other]).map(on: .immediate) { $0[0] }
+        let outer = Promise.allSettled([Promise.all([Promise.race([child])]).map(on: .immediate) { $0[0] }, other]).map(on: .immediate) { _ in 0 }
         p.resolve(with: outer)
         assertCycle(p)
         XCTAssertTrue(other.isPending)
@@ -170,7 +171,7 @@ final class CycleTests: XCTestCase {
         let parent = Promise<Int>()
         let slot = Slot<Promise<Int>>()
         let other = Promise<Int>()
-        let child = parent.flatMap(on: .immediate) { _ in Promise.all([slot.value!, other]).map(on: .immediate) { $0[1] } }
+        let child = parent.flatMap(on: .immediate) { _ in Promise.allSettled([slot.value!, other]).map(on: .immediate) { _ in 0 } }
         slot.value = child
         parent.fulfill(1)
         assertCycle(child)
@@ -191,10 +192,22 @@ final class CycleTests: XCTestCase {
         fallback.fulfill(6)
         XCTAssertEqual(value(q), 6)
 
-        // With every other input waiting on the follower too, nothing can settle it.
+        // `all` over the follower and another input: that input may still reject it.
+        let s = Promise<Int>(), other = Promise<Int>()
+        s.resolve(with: Promise.all([s, other]).map(on: .immediate) { $0[0] })
+        XCTAssertTrue(s.isPending)
+        other.reject(TestError(7))
+        XCTAssertEqual(error(s) as? TestError, TestError(7))
+
+        // With every other input waiting on the follower too, nothing can settle it,
+        // also when those inputs share a chain up to it.
         let r = Promise<Int>()
         r.resolve(with: Promise.race([r.then(on: .immediate) { $0 }, r]))
         assertCycle(r)
+        let t = Promise<Int>()
+        let shared = t.then(on: .default) { $0 }
+        t.resolve(with: Promise.race([shared.then(on: .default) { $0 }, shared.then(on: .default) { $0 }]))
+        assertCycle(t)
     }
 
     /// Inputs that share a long pending chain: the walk takes the chain once, and finds
@@ -203,8 +216,9 @@ final class CycleTests: XCTestCase {
         let p = Promise<Int>()
         var top: Promise<Int> = p.then(on: .default) { $0 }
         for _ in 0..<200 { top = top.then(on: .default) { $0 } }
-        let inputs = (0..<200).map { index in top.then(on: .default) { $0 + index } }
-        p.resolve(with: Promise.all(inputs).map(on: .immediate) { $0[0] })
+        let other = Promise<Int>()
+        let inputs = (0..<200).map { index in top.then(on: .default) { $0 + index } } + [other]
+        p.resolve(with: Promise.allSettled(inputs).map(on: .immediate) { _ in 0 })
         assertCycle(p)
     }
 
