@@ -22,8 +22,9 @@ class ObserverBox: @unchecked Sendable {
     var queued: Bool { false }
 
     /// Whether the box has nothing left to do whatever the promise it observes does, so
-    /// that it may leave that promise while it is pending (`observerHasGivenUp`): only a
-    /// `resolve(with:)` whose follower was cancelled.
+    /// that it may leave that promise while it is pending (`observerHasGivenUp`): a
+    /// `resolve(with:)` whose follower was cancelled, a run's `StepObserver` once the run's
+    /// output settled.
     var gaveUp: Bool { false }
 
     /// Whether the box waits for the promise's outcome, so that the promise dying pending
@@ -230,8 +231,10 @@ final class OutcomeHook: ObserverBox, @unchecked Sendable {
 /// unless the run's output settled first. From then on it waits for nothing
 /// (`gaveUp`): a step that lives on (a long-lived promise that the work returned) takes it
 /// off at its next prune (`observerGaveUp`, which the run calls when its output settles),
-/// and with it the run and everything the run holds. So a run settled from outside leaves
-/// a bounded trace on such a step, not its results, closures and captures.
+/// and with it the run. The run itself lets go of the user's code, its results and its
+/// inputs when its output settles, so what such a step keeps until that prune is the
+/// box and the run's own fields: a bounded trace, as for the slots of settled
+/// combinators.
 final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     /// The run's output, by its memory (`HeldMemory`): `body` holds the run, which holds
     /// the output, for as long as the box may run.
@@ -253,6 +256,11 @@ final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     override var gaveUp: Bool { !HeldMemory.isPendingPromise(at: output) }
 
     override func run(_ source: AnyPromise) {
+        // The run's output settled first: nothing to hand over (and nothing to start).
+        guard !gaveUp else {
+            body = nil
+            return
+        }
         let result = unsafeDowncast(source, to: Promise<Value>.self).publishedResult
         body.take()?(result)
     }

@@ -132,18 +132,29 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
 /// settles (cold paths: never on the register, settle or fire path of any promise).
 final class StepInFlight: SpinLocked, @unchecked Sendable {
     private weak var step: AnyPromise?
+    /// Whether `step` is a pause, the run's own timer promise (not an attempt the user's
+    /// code returned).
+    private var stepIsPause = false
     private var cancelReason: (any Error)?
     private var left = false
 
-    /// Makes `step` the one in flight; cancels it at once if the output was cancelled
-    /// before it started. (If the output settled otherwise, the run's observer, registered
-    /// next, gives up: see `StepObserver`.)
-    func start(_ step: AnyPromise) {
+    /// Makes `step` the one in flight (`isPause`: the run's own pause); cancels it at once
+    /// if the output was cancelled before it started. (If the output settled otherwise,
+    /// the run's observer, registered next, gives up: see `StepObserver`.)
+    func start(_ step: AnyPromise, isPause: Bool = false) {
         let reason: (any Error)? = withLock {
-            if cancelReason == nil && !left { self.step = step }
+            if cancelReason == nil && !left {
+                self.step = step
+                stepIsPause = isPause
+            }
             return cancelReason
         }
         if let reason { step.cancel(reason: reason) }
+    }
+
+    /// No step is in flight any more, and none comes (a pause that never elapses).
+    func clear() {
+        withLock { step = nil }
     }
 
     /// The output was cancelled: cancels the step in flight, and any that starts later.
@@ -157,15 +168,16 @@ final class StepInFlight: SpinLocked, @unchecked Sendable {
     }
 
     /// The output settled otherwise (the run fulfilled or rejected it, or its holder did):
-    /// the step in flight goes on, but the run's observer on it gives up (`StepObserver`),
-    /// so that a step that lives on keeps nothing of the run.
+    /// an attempt in flight goes on, but the run's observer on it gives up
+    /// (`StepObserver`), so that an attempt that lives on keeps the run only until its
+    /// next prune; a pause, the run's own, is cancelled, which lets go of the run at once.
     func leave() {
-        let step: AnyPromise? = withLock {
+        let (step, isPause): (AnyPromise?, Bool) = withLock {
             left = true
             defer { self.step = nil }
-            return self.step
+            return (self.step, stepIsPause)
         }
-        step?.observerGaveUp()
+        if isPause { step?.cancel() } else { step?.observerGaveUp() }
     }
 }
 
@@ -175,12 +187,43 @@ final class StepInFlight: SpinLocked, @unchecked Sendable {
 /// it: the deinit rejects the output with `PromiseError.brokenPromise`. A run that stops
 /// on purpose with the output pending (a pause past `PromiseTimer.horizon`, which never
 /// elapses) says so first.
-private final class RetryRun<Value: Sendable>: @unchecked Sendable {
+///
+/// It also holds the user's code (`body`, `shouldRetry`, and the pause maker with its
+/// clock), and lets go of it when the output settles: an attempt that lives on keeps the
+/// run until its next prune (`StepObserver`), but none of that code or its captures.
+private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
+    typealias Code = (body: @Sendable () throws -> Promise<Value>,
+                      shouldRetry: (@Sendable (any Error) -> Bool)?,
+                      makePause: @Sendable (Duration) -> Promise<Void>)
     let output = Promise<Value>(madeByLibrary: ())
     let inFlight = StepInFlight()
     /// Set once, by the thread that meets the pause that never elapses, before the run's
     /// closures let go of the run (the last release orders it before the deinit).
     var waitsForever = false
+    /// Under the lock; nil once the output settled.
+    private var userCode: Code?
+
+    init(_ code: Code) {
+        userCode = code
+    }
+
+    /// The user's code, or nil once the output settled.
+    var code: Code? { withLock { userCode } }
+
+    /// The output settled: passes a cancel on to the step in flight, or has the run's
+    /// observer on it leave, and lets go of the user's code.
+    func outputSettled(_ output: AnyPromise) {
+        if output.isCancelled {
+            inFlight.cancel(reason: output.failureOrCancellation)
+        } else {
+            inFlight.leave()
+        }
+        let code = withLock { () -> Code? in
+            defer { userCode = nil }
+            return userCode
+        }
+        _ = consume code  // released outside the lock
+    }
 
     deinit {
         if !waitsForever { output.reject(PromiseError.brokenPromise) }
@@ -275,19 +318,15 @@ extension Promise {
         if let problem = backoff.problem {
             return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument("Promise.retry's backoff is out of range: \(problem)"))
         }
-        let run = RetryRun<Value>()
+        let run = RetryRun<Value>((body, shouldRetry, makePause))
         let inFlight = run.inFlight
-        OutcomeHook { output in
-            if output.isCancelled {
-                inFlight.cancel(reason: output.failureOrCancellation)
-            } else {
-                inFlight.leave()
-            }
-        }.register(on: run.output)
+        // Weakly: the run holds the output (a strong link back would be a cycle).
+        OutcomeHook { [weak run] output in run?.outputSettled(output) }.register(on: run.output)
 
         @Sendable func attempt(_ number: Int) {
             context.execute {
-                guard run.output.isFreeToSettle else { return }  // settled or locked in: no more attempts
+                // Settled or locked in: no more attempts (and the code is let go once settled).
+                guard run.output.isFreeToSettle, let body = run.code?.body else { return }
                 let current: Promise<Value>
                 do {
                     current = try body()
@@ -306,7 +345,8 @@ extension Promise {
                             run.output.reject(error)
                             return
                         }
-                        guard let shouldRetry else { return pauseThenRetry(after: number) }
+                        guard let code = run.code else { return }  // settled meanwhile
+                        guard let shouldRetry = code.shouldRetry else { return pauseThenRetry(after: number) }
                         // The predicate is user code too: it runs on `context`, as `body` does.
                         context.execute {
                             guard run.output.isFreeToSettle else { return }  // settled meanwhile
@@ -329,14 +369,17 @@ extension Promise {
             }
             guard delay <= PromiseTimer.horizon else {
                 // A pause that never elapses: no attempt comes after it, and the output
-                // stays pending until its holder settles, cancels or drops it.
+                // stays pending until its holder settles, cancels or drops it. (A cancel
+                // then finds no step: the failed attempt is not the run's any more.)
+                run.inFlight.clear()
                 run.waitsForever = true
                 return
             }
             // The pause is the step in flight: cancelling the output cancels its timer,
             // which lets go of the run at once.
+            guard run.output.isFreeToSettle, let makePause = run.code?.makePause else { return }  // settled meanwhile
             let pause = makePause(delay)
-            inFlight.start(pause)
+            inFlight.start(pause, isPause: true)
             StepObserver<Void>(until: run.output) { result in
                 // Cancelled: so was the output, which then wants no more attempts.
                 if case .success = result { attempt(number + 1) }

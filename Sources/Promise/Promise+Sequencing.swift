@@ -12,9 +12,9 @@
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
 /// stops the pulling and cancels what is in flight. An outside settle of the output (or a
 /// lock-in to follow another promise, `resolve(with:)`) stops the pulling too; what is in
-/// flight goes on, as an aggregate's inputs do, but the run's
-/// observers on it give up (`StepObserver`), so a step that lives on keeps nothing of the
-/// run.
+/// flight goes on, as an aggregate's inputs do, but the run's observers on it give up
+/// (`StepObserver`), and the run lets go of its results, the work and the inputs, so a
+/// step that lives on keeps only the run's shell, until its next prune.
 ///
 /// Ownership: the run is the output's resolver. It holds the output; the output's hook
 /// (`OutcomeHook`) holds the run weakly (a strong link back would keep both alive for ever
@@ -42,7 +42,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     private let limit: Int
     private let output = Promise<[Value]>(madeByLibrary: ())
     private let context: any ExecutionContext
-    private let work: @Sendable (Input) throws -> Promise<Value>
+    /// The user's work; let go of when the run stops (under the lock).
+    private var work: (@Sendable (Input) throws -> Promise<Value>)?
 
     private struct WeakStep {
         weak var promise: AnyPromise?
@@ -84,13 +85,15 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
             return true
         }) else { return }
         while true {
-            let canStart = withLock { () -> Bool in
-                if stopped || exhausted || results.count - finished >= limit || !output.isFreeToSettle {
+            let (canStart, stoppedNow) = withLock { () -> (Bool, Bool) in
+                if stopped { return (false, true) }  // still pumping: the inputs go first
+                if exhausted || results.count - finished >= limit || !output.isFreeToSettle {
                     pumping = false
-                    return false
+                    return (false, false)
                 }
-                return true
+                return (true, false)
             }
+            if stoppedNow { letGoOfInputs() }
             guard canStart else { break }
             guard let input = iterator.next() else {
                 let done = withLock { () -> Bool in
@@ -109,9 +112,24 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         }
     }
 
+    /// For the pumping thread of a stopped run: lets go of the input sequence (which only
+    /// that thread touches), then stops pumping.
+    private func letGoOfInputs() {
+        iterator = AnyIterator { nil }
+        withLock { pumping = false }
+    }
+
+    /// The results, leaving none (under the lock).
+    private func swap(_ results: inout [Value?]) -> [Value?] {
+        var taken: [Value?] = []
+        Swift.swap(&taken, &results)
+        return taken
+    }
+
     private func start(_ input: Input, at index: Int) {
         context.execute { [self] in
             guard output.isFreeToSettle else { return }  // settled or locked in: start nothing more
+            guard let work = withLock({ self.work }) else { return }  // stopped
             let step: Promise<Value>
             do {
                 step = try work(input)
@@ -141,6 +159,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
 
     private func complete(_ index: Int, with value: Value) {
         let done = withLock { () -> Bool in
+            if stopped { return false }  // its results were let go
             results[index] = value
             inFlight[index] = nil
             finished += 1
@@ -150,7 +169,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     }
 
     private func finish() {
-        output.fulfill(withLock { results.map { $0! } })
+        // (Stopped meanwhile, the run let go of its results: the output settled already.)
+        guard let values = withLock({ stopped ? nil : results.map { $0! } }) else { return }
+        output.fulfill(values)
     }
 
     /// The first error: the output rejects with it, and what is in flight is cancelled.
@@ -159,8 +180,12 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     private func fail(_ error: any Error) {
         let reason = CancellationError()
         guard let steps = stopTakingSteps(reason: reason) else { return }  // stopped already
-        output.reject(error)
-        for step in steps { step.cancel(reason: reason) }
+        if output.reject(error) {
+            for step in steps { step.cancel(reason: reason) }
+        } else {
+            // Settled or locked in meanwhile by someone else: what is in flight goes on.
+            for step in steps { step.observerGaveUp() }
+        }
     }
 
     /// Pulls no more inputs, and cancels the steps in flight with `reason`; with none (the
@@ -171,15 +196,30 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         }
     }
 
-    /// Stops the run, once: the steps in flight, or nil if it had stopped already.
+    /// Stops the run, once: the steps in flight, or nil if it had stopped already. What
+    /// the run holds of the user's goes too, the results, the work and the inputs (the
+    /// thread pumping, or this one if none is, lets go of those): nothing will use them (a
+    /// run that fulfils its output reads its results first), and a run kept for a while
+    /// by its observer on a long-lived step (until that step's next prune) should keep
+    /// nothing.
     private func stopTakingSteps(reason: (any Error)?) -> [AnyPromise]? {
-        withLock { () -> [AnyPromise]? in
-            if stopped { return nil }
+        let (steps, results, work, pumpingHere) = withLock {
+            () -> ([AnyPromise]?, [Value?], (@Sendable (Input) throws -> Promise<Value>)?, Bool) in
+            if stopped { return (nil, [], nil, false) }
             stopped = true
             stopReason = reason
-            defer { inFlight = [:] }
-            return inFlight.values.compactMap(\.promise)
+            let pumpingHere = !pumping
+            pumping = true
+            defer {
+                inFlight = [:]
+                self.work = nil
+            }
+            return (inFlight.values.compactMap(\.promise), swap(&self.results), self.work, pumpingHere)
         }
+        _ = consume results  // released outside the lock, as the work is
+        _ = consume work
+        if pumpingHere { letGoOfInputs() }
+        return steps
     }
 }
 

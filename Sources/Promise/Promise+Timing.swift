@@ -133,7 +133,8 @@ extension Promise where Value == Void {
     /// ```
     ///
     /// Cancelling it cancels the timer. An interval longer than a hundred years never
-    /// elapses (no timer is set).
+    /// elapses (no timer is set): the promise waits for its holder, and once nobody holds
+    /// it, it is freed and its observers receive `PromiseError.brokenPromise`.
     public static func after(_ interval: Duration) -> Promise<Void> {
         .fulfilling(()) { PromiseTimer(after: interval, $0) }
     }
@@ -174,7 +175,9 @@ extension Promise {
     /// The child is an ordinary pending promise until the timer fires: whoever holds it
     /// may still settle it (an outside `reject` before the time is up wins, and the timer
     /// then does nothing). Cancelling or settling it stops its timer (never the receiver).
-    /// An interval longer than a hundred years never elapses.
+    /// An interval longer than a hundred years never elapses: the child waits for its
+    /// holder, and once nobody holds it, it is freed and its observers receive
+    /// `PromiseError.brokenPromise`.
     public func delay(_ interval: Duration) -> Promise<Value> {
         delay { PromiseTimer(after: interval, $0) }
     }

@@ -359,7 +359,8 @@ extension AnyPromise {
 /// whether `node`'s observer gave up. Three kinds can: a slot of an aggregator that
 /// settled without this input, a child or follower cancelled, or a child settled early
 /// and linked up, with no error side left to run (`AnyPromise.waitsForNothing`), and a
-/// `resolve(with:)` whose follower was cancelled (`ObserverBox.gaveUp`).
+/// box that says so (`ObserverBox.gaveUp`: a `resolve(with:)` whose follower was
+/// cancelled, a run's observer on its step once the run's output settled).
 func observerHasGivenUp(_ node: UnsafeMutablePointer<pc_node>, _ context: UnsafeMutableRawPointer?) -> Bool {
     if nodeFires(node, through: aggregatorSlotFire) { return slotOfRetiredAggregator(node) }
     // The node's retain keeps its owner alive while the node is on the stack.

@@ -166,8 +166,9 @@ final class RunLifetimeTests: XCTestCase {
     // MARK: Runs settled from outside
 
     // The run's observer on the step in flight gives up when the output settles, so a
-    // long-lived step keeps a bounded number of them, and none of the runs (their results,
-    // work closures, input iterators, captures).
+    // long-lived step keeps a bounded number of them (until its next prune), and the runs
+    // let go at once of what they held of the user's (results, work closures, input
+    // iterators, captures).
 
     func testSequenceSettledFromOutsideLeavesALongLivedStep() {
         let longLived = Promise<Payload>()
@@ -215,6 +216,86 @@ final class RunLifetimeTests: XCTestCase {
                                  "settled retries stay registered on the long-lived attempt")
         XCTAssertEqual(tracker.alive, 0, "a settled retry nobody holds keeps its body's captures")
         longLived.fulfill(1)
+    }
+
+    /// One run settled from outside lets go at once of what it holds of the user's (its
+    /// code and its captures, its results, its inputs), though its observer waits on the
+    /// long-lived step until that step's next prune.
+    func testOneRunSettledFromOutsideLetsGoOfTheUsersCodeAndResults() {
+        let longLived = Promise<Payload>()
+        let tracker = LifeTracker()
+        do {
+            let output = Promise.all(0..<1_000, maxConcurrent: 1, on: .immediate) { input -> Promise<Payload> in
+                input < 999 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
+            }
+            output.reject(Reason(tag: 1))
+        }
+        XCTAssertEqual(tracker.alive, 0, "a fan-out rejected from outside keeps its results")
+        do {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.sequence(on: .immediate, [0]) { _ in withExtendedLifetime(captured) { longLived } }
+            output.reject(Reason(tag: 2))
+        }
+        XCTAssertEqual(tracker.alive, 0, "a sequence rejected from outside keeps its work's captures")
+        let attempt = Promise<Int>()
+        do {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
+                withExtendedLifetime(captured) { attempt }
+            }
+            output.reject(Reason(tag: 3))
+        }
+        XCTAssertEqual(tracker.alive, 0, "a retry rejected from outside keeps its body's captures")
+        longLived.cancel()
+        attempt.cancel()
+    }
+
+    /// A retry settled from outside during its pause cancels the pause (its own timer),
+    /// which lets go of the run at once, not at the end of the pause.
+    func testARetrySettledFromOutsideDuringItsPauseLetsGoOfItsRun() {
+        let tracker = LifeTracker()
+        let calls = Counter()
+        let output: Promise<Int>
+        do {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            output = Promise.retry(attempts: 3, backoff: .fixed(.seconds(3600)), on: .immediate) { () -> Promise<Int> in
+                withExtendedLifetime(captured) {}
+                calls.increment()
+                return Promise(error: Reason(tag: 1))
+            }
+        }
+        XCTAssertEqual(calls.value, 1)
+        output.reject(Reason(tag: 2))
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "the run is kept for the rest of its pause")
+        XCTAssertEqual(calls.value, 1)
+    }
+
+    /// A retry or fan-out whose output was settled or locked in before a step failed
+    /// starts no pause, no attempt and cancels nothing: what is in flight goes on.
+    func testARunSettledOrLockedInBeforeAStepFailedStartsNothingMore() {
+        let calls = Counter()
+        let failing = Promise<Int>()
+        let output = Promise.retry(attempts: 3, backoff: .fixed(.seconds(3600)), on: .immediate) { () -> Promise<Int> in
+            calls.increment()
+            return failing
+        }
+        output.resolve(with: Promise<Int>())  // locked in
+        failing.reject(Reason(tag: 4))
+        XCTAssertEqual(calls.value, 1, "an attempt or a pause after the lock-in")
+
+        let steps = Recorder<Promise<Int>>()
+        let fanned = Promise<Int>.all([0, 1], maxConcurrent: 2, on: .immediate) { _ in
+            let step = Promise<Int>()
+            steps.append(step)
+            return step
+        }
+        let elsewhere = Promise<[Int]>()
+        fanned.resolve(with: elsewhere)
+        steps.values[0].reject(Reason(tag: 5))
+        XCTAssertFalse(steps.values[1].isCancelled, "a step in flight cancelled although the output is locked in")
+        elsewhere.fulfill([7])
+        XCTAssertEqual(try fanned.wait(timeout: testTimeout), [7])
+        steps.values[1].fulfill(1)
     }
 
     // MARK: A context that drops the work
