@@ -75,7 +75,7 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         /// error, which would otherwise vanish. A cancelled promise is never reported.
         ///
         /// ```swift
-        /// do { Promise<Int>(error: BackendError.unavailable) }   // reported, with the error
+        /// do { _ = Promise<Int>(error: BackendError.unavailable) }   // reported, with the error
         /// ```
         case unhandledRejection(any Error)
         /// A promise would have followed itself through a chain of promises; the promises

@@ -46,7 +46,7 @@ public struct RetryBackoff: Sendable, Equatable {
     /// `jitter` (see `jitter`).
     ///
     /// ```swift
-    /// Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10))) { ping() }
+    /// let alive = Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10))) { ping() }
     /// ```
     public static func fixed(_ delay: Duration, jitter: Double = 0) -> RetryBackoff {
         RetryBackoff(initial: delay, multiplier: 1, maximum: delay, jitter: jitter)
@@ -288,7 +288,7 @@ extension Promise {
     /// `retry(attempts:backoff:clock:on:shouldRetry:_:)` with its pauses timed on Dispatch.
     ///
     /// ```swift
-    /// Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10)), shouldRetry: { !($0 is AuthError) }) {
+    /// let config = Promise.retry(attempts: 3, backoff: .fixed(.milliseconds(10)), shouldRetry: { !($0 is AuthError) }) {
     ///     fetchConfig()
     /// }
     /// ```

@@ -143,7 +143,7 @@ extension Promise where Value == Void {
     /// advances by hand, and the promise fulfils without anyone sleeping.
     ///
     /// ```swift
-    /// Promise.after(.seconds(30), clock: testClock)   // fulfils when testClock is advanced
+    /// let due = Promise.after(.seconds(30), clock: testClock)   // fulfils when testClock is advanced
     /// ```
     ///
     /// Cancelling it cancels the timer (the Task sleeping on the clock).

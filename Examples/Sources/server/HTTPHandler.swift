@@ -8,8 +8,8 @@ import NIOHTTP1
 
 /// An order service as the channel handler sees it.
 protocol OrderEngine: Sendable {
-    /// What the handler holds while a reply is pending: it keeps the work alive (the
-    /// promise version needs that) and cancels it if the client goes away.
+    /// What the handler holds while a reply is pending: the work it cancels if the client
+    /// goes away.
     associatedtype Work: Sendable
 
     /// The reply to `uri`, as a future on `loop` (the channel's), whose callbacks may

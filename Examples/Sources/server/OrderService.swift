@@ -23,10 +23,9 @@ struct OrderService: Sendable {
     /// The order page for `id`: user, price and the stock of every shard, in parallel.
     ///
     /// Returns the reply, rendered on `loop`, and the two aggregates it waits for. The
-    /// caller holds those until the reply is written (cancelling them stops the lookups
-    /// still pending): the library keeps an aggregate's output only weakly from its
-    /// inputs, so `Promise.all(...)` whose only reference is a child would be freed
-    /// before it settles.
+    /// caller holds those until the reply is written, so that it can cancel them if the
+    /// client goes away, which stops the lookups still pending. (The reply alone would
+    /// settle as well: an aggregate's inputs hold it until it settles.)
     ///
     /// The deadline is `timeout(_:on: loop)`, not `timeout(_:)`: the latter's timer is a
     /// Dispatch work item on the global queue, which stays in Dispatch's timer heap until
