@@ -392,6 +392,9 @@ enum HeldMemory {
 @usableFromInline
 enum ParentLink {
     @usableFromInline static let parentIsRoot: UInt = 1
+    /// A child that something besides its parent settles (`timeout`'s, which its timer
+    /// rejects): for the cycle check, it does not wait only on its parent.
+    static let settledBesidesParent: UInt = 2
     static let addressMask: UInt = ~UInt(7)
 }
 

@@ -44,9 +44,10 @@ struct Lineage {
 
     /// The lineage of a child of `parent`, whose memory the link up holds from now on
     /// (see `parentIfAlive`).
-    init(parent: Unmanaged<AnyPromise>) {
+    init(parent: Unmanaged<AnyPromise>, settledBesidesParent: Bool = false) {
         let parentIsRoot = parent._withUnsafeGuaranteedRef { $0.isRoot }
-        core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0),
+        core = pc_lineage(holds: 0, parent: HeldMemory.hold(parent) | (parentIsRoot ? ParentLink.parentIsRoot : 0)
+                              | (settledBesidesParent ? ParentLink.settledBesidesParent : 0),
                           link: pc_link(), followee: 0)
         settledParent = ParentHold.none
         verifiedEpoch = AncestorCheck.unverified
@@ -150,7 +151,7 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
     /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:
     /// the caller settles it (`timeout`, through the parent's waiter list).
     init(linkedTo parent: __shared AnyPromise) {
-        lineage = Lineage(parent: Unmanaged.passUnretained(parent))
+        lineage = Lineage(parent: Unmanaged.passUnretained(parent), settledBesidesParent: true)
         super.init(derived: ())
         checkLineageOffset()
         handlerPlace = .inline  // no handler, and no context stored

@@ -192,9 +192,10 @@ extension AnyPromise {
 struct WaitWalk {
     /// How many promises a walk tries once it has branched.
     static let budget = 1_024
-    /// How deep a walk goes into the inputs of `race` and `any` outputs nested in each
-    /// other's paths (each level asks whether every input still pending waits on the
-    /// target).
+    /// How deep a walk goes into the inputs of outputs that one input may settle (`race`,
+    /// `any`, `all`, `and`) nested in each other's paths: each level asks whether no input
+    /// can settle its output (every pending one waits on the target, and no settled one
+    /// settles it).
     static let nesting = 8
 
     private let target: UnsafeMutableRawPointer
@@ -249,7 +250,10 @@ struct WaitWalk {
             } else if !current.isPending {
                 return .elsewhere
             } else if let parent = current.parentAddress {
-                next = parent  // a child waits on its parent while it is pending
+                // A child waits on its parent while it is pending, unless something else
+                // settles it too (`timeout`'s timer).
+                guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
+                next = parent
             } else if let aggregator = current.aggregatorIfAlive {
                 return .combinator(aggregator)
             } else {

@@ -144,9 +144,8 @@ extension Promise {
     /// the aggregator outlives every policy call) and is itself held by the inputs it
     /// observes; a caller that keeps only a child of the output still gets its value. Once
     /// the output has settled the aggregator drops it and every settled input (see
-    /// `Aggregator.slotFired`): at the next input that settles, or at once when the output
-    /// is cancelled. (An output settled from outside while every remaining input stays
-    /// pending keeps what it had until one of them settles.) The output reaches the
+    /// `Aggregator.slotFired`): at once when the policy settled it or a cancel did, and when
+    /// its holder settled it (`settledRootLetsGoOfItsInputs`). The output reaches the
     /// aggregator through its rare state, which holds the aggregator's memory, not the
     /// aggregator (`recordAggregator`), so no cycle forms: once the inputs are gone
     /// (settled or dropped), the aggregator and an unreferenced output are freed. Through

@@ -208,7 +208,8 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// A promise never waits on itself: `p.resolve(with: p)`, closing a cycle of promises
     /// that follow each other (`a.resolve(with: b); b.resolve(with: a)`), or following a
     /// combinator over itself that nothing else can settle (an `allSettled` it is an input
-    /// of; an `all` or a `race` whose other inputs are fulfilled or wait on it too) rejects
+    /// of; a `race`, `any`, `all` or `and` whose other inputs wait on it too, or settled
+    /// without settling it: fulfilled for `all` and `and`, rejected for `any`) rejects
     /// it with `PromiseError.cycle` (Promises/A+ 2.3.1), and with it every promise of the
     /// cycle, which follow it. `p.resolve(with: Promise.race([p, shutdown]))` is no cycle:
     /// `shutdown` can settle it.
