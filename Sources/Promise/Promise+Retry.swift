@@ -139,17 +139,22 @@ final class StepInFlight: SpinLocked, @unchecked Sendable {
     private var left = false
 
     /// Makes `step` the one in flight (`isPause`: the run's own pause); cancels it at once
-    /// if the output was cancelled before it started. (If the output settled otherwise,
-    /// the run's observer, registered next, gives up: see `StepObserver`.)
+    /// if the output was cancelled before it started, or, a pause, if the output settled
+    /// otherwise. (An attempt is the user's: the run's observer on it gives up, see
+    /// `StepObserver`.)
     func start(_ step: AnyPromise, isPause: Bool = false) {
-        let reason: (any Error)? = withLock {
-            if cancelReason == nil && !left {
+        let (reason, left): ((any Error)?, Bool) = withLock {
+            if cancelReason == nil && !self.left {
                 self.step = step
                 stepIsPause = isPause
             }
-            return cancelReason
+            return (cancelReason, self.left)
         }
-        if let reason { step.cancel(reason: reason) }
+        if let reason {
+            step.cancel(reason: reason)
+        } else if left && isPause {
+            step.cancel()  // the output settled as the pause was made: the run's own, it goes
+        }
     }
 
     /// No step is in flight any more, and none comes (a pause that never elapses).

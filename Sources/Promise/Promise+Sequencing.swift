@@ -96,11 +96,13 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
             if stoppedNow { letGoOfInputs() }
             guard canStart else { break }
             guard let input = iterator.next() else {
-                let done = withLock { () -> Bool in
+                let (done, stoppedNow) = withLock { () -> (Bool, Bool) in
                     exhausted = true
+                    if stopped { return (false, true) }  // still pumping: the inputs go first
                     pumping = false
-                    return finished == results.count && !stopped
+                    return (finished == results.count, false)
                 }
+                if stoppedNow { letGoOfInputs() }
                 if done { finish() }
                 break
             }
@@ -182,6 +184,11 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         guard let steps = stopTakingSteps(reason: reason) else { return }  // stopped already
         if output.reject(error) {
             for step in steps { step.cancel(reason: reason) }
+        } else if output.isCancelled {
+            // A cancel came first, and its hook found the run stopped: the cancel reaches
+            // what is in flight from here, with its reason.
+            let cancelReason = output.failureOrCancellation
+            for step in steps { step.cancel(reason: cancelReason) }
         } else {
             // Settled or locked in meanwhile by someone else: what is in flight goes on.
             for step in steps { step.observerGaveUp() }
