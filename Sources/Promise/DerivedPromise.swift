@@ -150,8 +150,10 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
 
     /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:
     /// the caller settles it (`timeout`, through the parent's waiter list).
-    init(linkedTo parent: __shared AnyPromise) {
-        lineage = Lineage(parent: Unmanaged.passUnretained(parent), settledBesidesParent: true)
+    /// `settledBesidesParent`: something else may settle it too (`timeout`'s timer, unless
+    /// it never fires), which the cycle check reads (`ParentLink.settledBesidesParent`).
+    init(linkedTo parent: __shared AnyPromise, settledBesidesParent: Bool) {
+        lineage = Lineage(parent: Unmanaged.passUnretained(parent), settledBesidesParent: settledBesidesParent)
         super.init(derived: ())
         checkLineageOffset()
         handlerPlace = .inline  // no handler, and no context stored

@@ -184,11 +184,13 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         guard let steps = stopTakingSteps(reason: reason) else { return }  // stopped already
         if output.reject(error) {
             for step in steps { step.cancel(reason: reason) }
-        } else if output.isCancelled {
-            // A cancel came first, and its hook found the run stopped: the cancel reaches
-            // what is in flight from here, with its reason.
-            let cancelReason = output.failureOrCancellation
-            for step in steps { step.cancel(reason: cancelReason) }
+        } else if output.isClaimedAsCancel {
+            // A cancel came first (claimed, perhaps not published yet), and its hook finds
+            // the run stopped: the cancel reaches what is in flight from here, with its
+            // reason, once published (at once if it is).
+            output.onCancel(withReason: { cancelReason in
+                for step in steps { step.cancel(reason: cancelReason) }
+            })
         } else {
             // Settled or locked in meanwhile by someone else: what is in flight goes on.
             for step in steps { step.observerGaveUp() }

@@ -222,7 +222,7 @@ extension Promise {
     /// An interval longer than a hundred years never elapses: `.seconds(Int64.max)` means
     /// no timeout.
     public func timeout(_ interval: Duration) -> Promise<Value> {
-        timeout { PromiseTimer(after: interval, $0) }
+        timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, $0) }
     }
 
     /// `timeout(_:)` timed on `clock`.
@@ -231,7 +231,7 @@ extension Promise {
     /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
     /// ```
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        timeout { PromiseTimer(after: interval, on: clock, $0) }
+        timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, on: clock, $0) }
     }
 
     /// A child that settles as this promise does, unless `deadline` comes first: then it
@@ -247,7 +247,8 @@ extension Promise {
     ///
     /// Timed on Dispatch, as `timeout(_:)`; see `timeout(_:)` for what the child keeps.
     public func timeout(until deadline: ContinuousClock.Instant) -> Promise<Value> {
-        timeout { PromiseTimer(after: ContinuousClock.now.duration(to: deadline), $0) }
+        let interval = ContinuousClock.now.duration(to: deadline)
+        return timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, $0) }
     }
 
     /// `timeout(until:)` with a deadline on `clock`.
@@ -256,11 +257,14 @@ extension Promise {
     /// let user = fetchUser(id).timeout(until: testClock.now.advanced(by: .seconds(2)), clock: testClock)
     /// ```
     public func timeout<C: Clock>(until deadline: C.Instant, clock: C) -> Promise<Value> where C.Duration == Duration {
-        timeout { PromiseTimer(at: deadline, on: clock, $0) }
+        timeout(timerCanFire: true) { PromiseTimer(at: deadline, on: clock, $0) }
     }
 
-    private func timeout(startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
-        let child = DerivedPromise<Value>(linkedTo: self)
+    /// - Parameter timerCanFire: false for an interval past `PromiseTimer.horizon`, which
+    ///   sets no timer: then only this promise settles the child (for the cycle check).
+    private func timeout(timerCanFire: Bool,
+                         startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
+        let child = DerivedPromise<Value>(linkedTo: self, settledBesidesParent: timerCanFire)
         let follower = TimeoutFollower(child: child)
         let list = rareState
         guard list.add(follower, on: self) == .listed else {

@@ -37,6 +37,9 @@ extension AnyPromise {
     /// claim word, a relaxed load: a hint, for runs deciding whether to go on).
     final var isFreeToSettle: Bool { claimHint == UInt(PC_CLAIM_FREE) }
 
+    /// Whether a cancel has claimed this promise (published or about to be).
+    final var isClaimedAsCancel: Bool { claimHint == UInt(PC_CANCELLED) }
+
     /// `reject` for a handler settling its child (see `fulfillFromHandler`). Returns
     /// whether the child ended rejected with `error` (not settled otherwise first, nor
     /// cancelled by an ancestor's cancel).
