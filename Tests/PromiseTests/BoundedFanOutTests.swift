@@ -210,9 +210,8 @@ final class BoundedFanOutTests: XCTestCase {
         }
     }
 
-    /// Locked in to follow another promise, the output can take nothing from the run: no
-    /// more input is pulled for it.
-    func testALockInStopsThePulling() {
+    /// Two at a time over 100 counted inputs, each work a pending step kept in `steps`.
+    private func fanOutOverPendingSteps() -> (Promise<[Int]>, Counter, Recorder<Promise<Int>>) {
         let pulled = Counter()
         let steps = Recorder<Promise<Int>>()
         let output = Promise<Int>.all(CountedInputs(count: 100, pulled: pulled), maxConcurrent: 2, on: .immediate) { _ in
@@ -220,6 +219,13 @@ final class BoundedFanOutTests: XCTestCase {
             steps.append(step)
             return step
         }
+        return (output, pulled, steps)
+    }
+
+    /// Locked in to follow another promise, the output can take nothing from the run: no
+    /// more input is pulled for it.
+    func testALockInStopsThePulling() {
+        let (output, pulled, steps) = fanOutOverPendingSteps()
         let elsewhere = Promise<[Int]>()
         output.resolve(with: elsewhere)
         steps.values[0].fulfill(1)
@@ -231,13 +237,7 @@ final class BoundedFanOutTests: XCTestCase {
 
     /// Settled from outside, the output stops the pulling: no input is pulled for it.
     func testAnOutsideSettleStopsThePulling() {
-        let pulled = Counter()
-        let steps = Recorder<Promise<Int>>()
-        let output = Promise<Int>.all(CountedInputs(count: 100, pulled: pulled), maxConcurrent: 2, on: .immediate) { _ in
-            let step = Promise<Int>()
-            steps.append(step)
-            return step
-        }
+        let (output, pulled, steps) = fanOutOverPendingSteps()
         XCTAssertEqual(pulled.value, 2)
         output.reject(Boom(input: 60))
         steps.values[0].fulfill(1)
