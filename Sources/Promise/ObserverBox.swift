@@ -256,9 +256,11 @@ final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     override var gaveUp: Bool { !HeldMemory.isPendingPromise(at: output) }
 
     override func run(_ source: AnyPromise) {
-        // The run's output settled first: nothing to hand over (and nothing to start).
+        // The run's output settled first: nothing to hand over (and nothing to start). The
+        // run counts as reading its step's error all the same, as a combinator does.
         guard !gaveUp else {
             body = nil
+            if source.publishedTag == UInt(PC_REJECTED) { source.noteErrorSeen() }
             return
         }
         let result = unsafeDowncast(source, to: Promise<Value>.self).publishedResult

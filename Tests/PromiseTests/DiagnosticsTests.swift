@@ -287,6 +287,19 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(unhandled(43).count, 1, "\(events.values)")
     }
 
+    /// A run counts as reading its step's error, also when the step fails after the run's
+    /// output settled, as a combinator does for its inputs.
+    func testARunReadsItsStepsErrorAfterItsOutputSettled() {
+        do {
+            let step = Promise<Int>()
+            let output = Promise.retry(attempts: 2, on: .immediate) { step }
+            output.reject(Marker(id: 51))
+            step.reject(Marker(id: 50))
+            _ = error(output)
+        }
+        XCTAssertEqual(unhandled(50).count, 0, "\(events.values)")
+    }
+
     /// An `onCancel` handler waits for a cancel, which freeing is not: a promise with only
     /// that, dropped pending, is no broken promise (and its handler does not run).
     func testAPromiseWithOnlyAnOnCancelHandlerDroppedPendingIsNotBroken() {
