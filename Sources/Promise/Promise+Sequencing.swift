@@ -121,13 +121,6 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         withLock { pumping = false }
     }
 
-    /// The results, leaving none (under the lock).
-    private func swap(_ results: inout [Value?]) -> [Value?] {
-        var taken: [Value?] = []
-        Swift.swap(&taken, &results)
-        return taken
-    }
-
     private func start(_ input: Input, at index: Int) {
         context.execute { [self] in
             guard output.isFreeToSettle else { return }  // settled or locked in: start nothing more
@@ -221,9 +214,10 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
             pumping = true
             defer {
                 inFlight = [:]
+                self.results = []
                 self.work = nil
             }
-            return (inFlight.values.compactMap(\.promise), swap(&self.results), self.work, pumpingHere)
+            return (inFlight.values.compactMap(\.promise), self.results, self.work, pumpingHere)
         }
         _ = consume results  // released outside the lock, as the work is
         _ = consume work
