@@ -53,8 +53,52 @@ extension AnyPromise {
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
-        guard lineageFolloweeWordValue == 0 else { return false }
-        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
+        guard lineageFolloweeWordValue == 0,
+              keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
+        parentRetain._withUnsafeGuaranteedRef { $0.retireIfOnlyThePathNeedsIt() }
+        return true
+    }
+
+    /// Lets go of this fulfilled value now, if the cascade's keep is the only reference
+    /// left: the step stays until the cascade ends, for the path the steps below look up
+    /// through, but its value goes as soon as the next step ran (an inline chain of a
+    /// thousand steps with large values peaks at two of them, not a thousand).
+    ///
+    /// Nothing can read the value any more. Every observer that reads it holds a
+    /// reference while it waits to run (a sibling's handler, a deferred `whenComplete`,
+    /// an aggregate's slot) or has run, since the value's publish fired them before the
+    /// next step ran; so does every holder. What is left reaches the promise only through
+    /// a link that holds its memory, not the promise: a child's link up, a registry's
+    /// link down, a follower's link, which read its state and never its value, and
+    /// `parent`, `root` and `debugDescription`, which would show it. Those three treat a
+    /// retired promise as gone (`parentIfNavigable`). The flag and the count meet as in
+    /// Dekker's pattern: the flag is set with a full barrier before the count is read
+    /// again, and a navigation reads the flag after a full barrier that follows its
+    /// try-retain, so either the navigation sees the flag, or this sees its reference and
+    /// keeps the value (the flag stays set: the promise was unreachable a moment ago, and
+    /// answering `nil` for it is what the navigation would have answered then).
+    ///
+    /// Cost: one byte load for a trivial value (the chain benchmark's `Int`s stop there),
+    /// else a load of the reference count; the flag and the fence only when the value goes.
+    final func retireIfOnlyThePathNeedsIt() {
+        // Only a value that needs destroying is worth it (and so only such a promise is
+        // ever retired: `storedValue` checks that in debug builds). Set by the claim
+        // winner before its publish, which our parent hold's fire acquired.
+        guard storedValueNeedsDestroy, publishedTag == UInt(PC_FULFILLED) else { return }
+        let object = Unmanaged.passUnretained(self).toOpaque()
+        guard SwiftRuntime.isUniquelyReferenced(object) else { return }
+        _ = setTreeFlag(TreeFlag.retired)  // full barrier: before the second look below
+        guard SwiftRuntime.isUniquelyReferenced(object) else { return }
+        letGoOfRetiredValue()
+    }
+
+    /// The parent, if it is alive and not retired (`retireIfOnlyThePathNeedsIt`): what
+    /// `parent`, `root` and `debugDescription` may show. The fence pairs with the retiring
+    /// thread's flag (see there).
+    final var parentIfNavigable: AnyPromise? {
+        guard let parent = parentIfAlive else { return nil }
+        pc_fence()  // our try-retain before the flag's load
+        return parent.treeFlags & TreeFlag.retired == 0 ? parent : nil
     }
 }
 

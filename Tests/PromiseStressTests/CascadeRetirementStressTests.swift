@@ -1,0 +1,115 @@
+// Retired steps under fire: a chain that settles inline lets go of the value of each step
+// nobody holds once the next step ran, and keeps the step itself, unreachable by `parent`
+// and `root`, until the cascade ends. Here other threads walk up the chain with `parent`
+// and `root`, read every ancestor they are given, and cancel the root, while the cascade
+// runs. Every round checks that each value read is the one its step made (never a value
+// let go of: under ASan, a read of one is a use after free), that the leaf ends with the
+// value the whole chain made or cancelled, and that every value is freed once the round's
+// promises are dropped.
+import Foundation
+import Promise
+import Synchronization
+import XCTest
+
+/// A value whose reads check that it is still alive, and whose life is counted.
+private final class Token: Sendable {
+    static let alive = Atomic<Int>(0)
+    let depth: Int
+    private let check: Int
+
+    init(depth: Int) {
+        self.depth = depth
+        check = depth &* 31 &+ 7
+        Token.alive.add(1, ordering: .relaxed)
+    }
+
+    /// Whether the fields still hold what `init` wrote (a freed token's memory would not).
+    var isIntact: Bool { check == depth &* 31 &+ 7 }
+
+    deinit { Token.alive.subtract(1, ordering: .relaxed) }
+}
+
+final class CascadeRetirementStressTests: XCTestCase {
+    /// Seat 0 fulfils the root of a 48-step `.immediate` chain and lets go of it, so the
+    /// cascade retires every step but the leaf; seats 1 and 2 walk up from the leaf with
+    /// `parent`, read each fulfilled ancestor's value, and take `leaf.root`; in one round
+    /// of three, seat 2 cancels the root it found, which must cancel the steps still to run.
+    func testNavigationRacesTheRetirementOfInlineSteps() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let depth = 48
+        let reads = Atomic<Int>(0), midCascade = Atomic<Int>(0), wrong = Atomic<Int>(0)
+        var cancelledRounds = 0, fulfilledRounds = 0
+
+        runStressRounds("navigation racing the retirement of inline steps", invariants: [
+            "every value read through parent or root is intact and the one its step made",
+            "the leaf ends fulfilled with the chain's value, or cancelled by a cancel of its root",
+            "every value is freed once the round's promises are dropped",
+        ], details: {
+            "\(reads.load(ordering: .relaxed)) values read, \(midCascade.load(ordering: .relaxed)) of a middle step "
+                + "while the leaf was pending; rounds fulfilled \(fulfilledRounds), cancelled \(cancelledRounds)"
+        }) { checker in
+            let round = checker.round
+            let rootHolder = Locked<Promise<Token>?>(Promise<Token>())
+            let leaf: Promise<Token>
+            do {
+                var step = rootHolder.withLock { $0! }
+                for _ in 0..<depth {
+                    step = step.then(on: .immediate) { Token(depth: $0.depth + 1) }
+                }
+                leaf = step
+            }
+            let cancels = round % 3 == 2
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
+                    let root = rootHolder.withLock { root in
+                        defer { root = nil }
+                        return root!
+                    }
+                    root.fulfill(Token(depth: 0))
+                    return
+                }
+                for attempt in 0..<200 {
+                    var node: AnyPromise = leaf
+                    var level = depth
+                    while let up = node.parent {
+                        level -= 1
+                        node = up
+                        guard up.isFulfilled, let promise = up as? Promise<Token>,
+                              let token = try? promise.wait() else { continue }
+                        reads.add(1, ordering: .relaxed)
+                        if level > 0 && leaf.isPending { midCascade.add(1, ordering: .relaxed) }
+                        if !token.isIntact || token.depth != level { wrong.add(1, ordering: .relaxed) }
+                    }
+                    let root = leaf.root
+                    if root.isFulfilled, let token = try? (root as? Promise<Token>)?.wait() {
+                        reads.add(1, ordering: .relaxed)
+                        if !token.isIntact || token.depth > depth { wrong.add(1, ordering: .relaxed) }
+                    }
+                    if seat == 2, cancels, attempt == random.below(4) { root.cancel() }
+                    if !leaf.isPending { break }
+                }
+            }
+            checker.check(finished, "round hung")
+            checker.check(wrong.load(ordering: .relaxed) == 0, "a value read was not the one its step made")
+            switch leaf.state {
+            case .fulfilled:
+                fulfilledRounds += 1
+                let token = try? leaf.wait()
+                checker.check(token?.depth == depth && token?.isIntact == true, "the leaf's value is wrong")
+            case .cancelled:
+                cancelledRounds += 1
+                checker.check(cancels, "the leaf was cancelled in a round without a cancel")
+            default:
+                checker.fail("the leaf ended \(leaf.state)")
+            }
+            _ = consume leaf
+            checker.check(Token.alive.load(ordering: .relaxed) == 0,
+                          "\(Token.alive.load(ordering: .relaxed)) values outlived their promises")
+            return finished
+        }
+    }
+}
