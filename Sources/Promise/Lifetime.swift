@@ -55,7 +55,13 @@ extension AnyPromise {
         // (A handler's child is a derived promise: its word is in its lineage.)
         guard lineageFolloweeWordValue == 0,
               keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
-        parentRetain._withUnsafeGuaranteedRef { $0.retireIfOnlyThePathNeedsIt() }
+        // Only a value that needs destroying is worth it (and so only such a promise is
+        // ever retired: `storedValue` checks that in debug builds). Set by the claim winner
+        // before its publish, which our parent hold's fire acquired. The chain benchmark's
+        // `Int`s stop at this one byte load.
+        parentRetain._withUnsafeGuaranteedRef { parent in
+            if parent.storedValueNeedsDestroy { parent.retireIfOnlyThePathNeedsIt() }
+        }
         return true
     }
 
@@ -78,13 +84,11 @@ extension AnyPromise {
     /// keeps the value (the flag stays set: the promise was unreachable a moment ago, and
     /// answering `nil` for it is what the navigation would have answered then).
     ///
-    /// Cost: one byte load for a trivial value (the chain benchmark's `Int`s stop there),
-    /// else a load of the reference count; the flag and the fence only when the value goes.
+    /// Cost: a load of the reference count; the flag and its barrier only when the value
+    /// goes. (The caller asks first whether the value needs destroying at all.)
+    @inline(never)
     final func retireIfOnlyThePathNeedsIt() {
-        // Only a value that needs destroying is worth it (and so only such a promise is
-        // ever retired: `storedValue` checks that in debug builds). Set by the claim
-        // winner before its publish, which our parent hold's fire acquired.
-        guard storedValueNeedsDestroy, publishedTag == UInt(PC_FULFILLED) else { return }
+        guard publishedTag == UInt(PC_FULFILLED) else { return }
         let object = Unmanaged.passUnretained(self).toOpaque()
         guard SwiftRuntime.isUniquelyReferenced(object) else { return }
         _ = setTreeFlag(TreeFlag.retired)  // full barrier: before the second look below
