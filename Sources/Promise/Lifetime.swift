@@ -53,27 +53,38 @@ extension AnyPromise {
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
-        guard lineageFolloweeWordValue == 0,
-              keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
+        guard lineageFolloweeWordValue == 0 else { return false }
+        return AnyPromise.keepForThePathUntilCascadeEnds(parentRetain)
+    }
+
+    /// `keepUntilCascadeEnds` for a settled promise whose outcome its cascade has passed on
+    /// already (a step's parent once the step's handler ran, a `timeout` receiver once its
+    /// children took its outcome): kept only for the path the promises below look up
+    /// through, so its value goes at once if nobody else holds it
+    /// (`retireIfOnlyThePathNeedsIt`).
+    @inline(__always)
+    static func keepForThePathUntilCascadeEnds(_ retained: Unmanaged<AnyPromise>) -> Bool {
+        guard keepUntilCascadeEnds(retained, then: releaseKeptPromise) else { return false }
         // Only a value that needs destroying is worth it (and so only such a promise is
         // ever retired: `storedValue` checks that in debug builds). Set by the claim winner
-        // before its publish, which our parent hold's fire acquired. The chain benchmark's
-        // `Int`s stop at this one byte load.
-        parentRetain._withUnsafeGuaranteedRef { parent in
-            if parent.storedValueNeedsDestroy { parent.retireIfOnlyThePathNeedsIt() }
+        // before its publish, which the hold's fire acquired. The chain benchmark's `Int`s
+        // stop at this one byte load.
+        retained._withUnsafeGuaranteedRef { promise in
+            if promise.storedValueNeedsDestroy { promise.retireIfOnlyThePathNeedsIt() }
         }
         return true
     }
 
     /// Lets go of this fulfilled value now, if the cascade's keep is the only reference
-    /// left: the step stays until the cascade ends, for the path the steps below look up
-    /// through, but its value goes as soon as the next step ran (an inline chain of a
-    /// thousand steps with large values peaks at two of them, not a thousand).
+    /// left: the promise stays until the cascade ends, for the path the promises below
+    /// look up through, but its value goes as soon as they took it (the next step's
+    /// handler ran, or the `timeout` children took it): an inline chain of a thousand
+    /// steps with large values peaks at two or three of them, not a thousand.
     ///
     /// Nothing can read the value any more. Every observer that reads it holds a
     /// reference while it waits to run (a sibling's handler, a deferred `whenComplete`,
     /// an aggregate's slot) or has run, since the value's publish fired them before the
-    /// next step ran; so does every holder. What is left reaches the promise only through
+    /// cascade got here; so does every holder. What is left reaches the promise only through
     /// a link that holds its memory, not the promise: a child's link up, a registry's
     /// link down, a follower's link, which read its state and never its value, and
     /// `parent`, `root` and `debugDescription`, which would show it. Those three treat a

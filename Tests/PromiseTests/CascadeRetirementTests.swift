@@ -108,3 +108,25 @@ private final class LargestSeen: @unchecked Sendable {
     func record(_ candidate: Int) { lock.withLock { value = max(value, candidate) } }
     var largest: Int { lock.withLock { value } }
 }
+
+extension CascadeRetirementTests {
+    /// A chain of `timeout` steps settles inline too (the receiver's waiter list settles
+    /// the timeout child, whose `.immediate` child runs next): each receiver's value goes
+    /// once its timeout child took it.
+    func testAChainThroughTimeoutsLetsGoOfEachReceiversValue() {
+        let tracker = LifeTracker()
+        let peak = LargestSeen()
+        let root = Promise<Int>()
+        var leaf = root.then(on: .immediate) { Payload(bytes: [UInt8($0)], tracker: tracker) }
+        for _ in 0..<500 {
+            leaf = leaf.timeout(.seconds(600)).then(on: .immediate) { previous -> Payload in
+                peak.record(tracker.alive)
+                return Payload(bytes: previous.bytes, tracker: tracker)
+            }
+        }
+        root.fulfill(4)
+        XCTAssertEqual(value(leaf)?.bytes, [4])
+        XCTAssertLessThanOrEqual(peak.largest, 4, "the cascade keeps every receiver's value until it ends")
+        XCTAssertEqual(tracker.alive, 1, "the leaf's, which the test holds")
+    }
+}
