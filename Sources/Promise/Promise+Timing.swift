@@ -39,6 +39,8 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
     private enum Handle {
         case dispatch(DispatchWorkItem)
         case task(Task<Void, Never>)
+        /// Scheduled by the caller (PromiseNIO: a task on an event loop); cancels it.
+        case scheduled(@Sendable () -> Void)
         /// An interval past `horizon`: nothing is scheduled, and `work` is not kept.
         case never
     }
@@ -55,48 +57,74 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
     /// On Dispatch: `work` runs on a global queue `interval` from now.
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
         guard interval <= PromiseTimer.horizon else {
-            // Nothing will ever run `work`: keeping it would keep what it captures (the
-            // promise the timer settles, which holds the timer: a cycle), so a promise whose
-            // only resolver is this timer dies when its holder lets go, and breaks.
-            box = TimerWork(nil)
-            handle = .never
+            self = .never
             return
         }
         let box = TimerWork(work)
-        self.box = box
         let item = DispatchWorkItem { box.take()?() }
-        handle = .dispatch(item)
+        self.init(handle: .dispatch(item), box: box)
         DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
     }
 
-    /// On `clock`: `work` runs once `clock` reaches `deadline` (at once if it has).
-    init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void) {
-        let box = TimerWork(work)
+    private init(handle: Handle, box: TimerWork) {
+        self.handle = handle
         self.box = box
-        handle = .task(Task {
+    }
+
+    /// A timer that never fires. Nothing will ever run its work: keeping it would keep
+    /// what it captures (the promise the timer settles, which holds the timer: a cycle),
+    /// so a promise whose only resolver is this timer dies when its holder lets go, and
+    /// breaks.
+    private static var never: PromiseTimer { PromiseTimer(handle: .never, box: TimerWork(nil)) }
+
+    /// On `clock`: `work` runs once `clock` reaches `deadline` (at once if it has). A
+    /// deadline more than `horizon` away never comes, as on Dispatch (the clock's own
+    /// sleep would trap on it: `ContinuousClock` counts in 64-bit nanoseconds).
+    init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
+        guard clock.now.duration(to: deadline) <= PromiseTimer.horizon else {
+            self = .never
+            return
+        }
+        let box = TimerWork(work)
+        self.init(handle: .task(Task {
             do {
                 try await clock.sleep(until: deadline, tolerance: nil)
             } catch {
                 return  // cancelled: the box was emptied by `cancel`
             }
             box.take()?()
-        })
+        }), box: box)
     }
 
     /// On `clock`: `work` runs once `interval` has passed on it, counted from now.
     /// An interval past `horizon` never elapses, as on Dispatch.
     init<C: Clock>(after interval: Duration, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
         guard interval <= PromiseTimer.horizon else {
-            self.init(after: interval, work)  // sets no timer, on Dispatch or the clock
+            self = .never
             return
         }
         self.init(at: clock.now.advanced(by: interval), on: clock, work)
+    }
+
+    /// Scheduled by the caller: `schedule` arranges for its `fire` to run once `interval`
+    /// (not negative: a negative interval means now) has passed, and returns what cancels
+    /// that. An interval past `horizon` is never scheduled.
+    init(after interval: Duration,
+         scheduling schedule: (_ interval: Duration, _ fire: @escaping @Sendable () -> Void) -> @Sendable () -> Void,
+         _ work: @escaping @Sendable () -> Void) {
+        guard interval <= PromiseTimer.horizon else {
+            self = .never
+            return
+        }
+        let box = TimerWork(work)
+        self.init(handle: .scheduled(schedule(max(interval, .zero)) { box.take()?() }), box: box)
     }
 
     func cancel() {
         switch handle {
         case .dispatch(let item): item.cancel()
         case .task(let task): task.cancel()
+        case .scheduled(let cancel): cancel()
         case .never: break
         }
         _ = box.take()
@@ -217,12 +245,13 @@ extension Promise {
     /// trampoline, with the other timeout children in their registration order, at the
     /// place of the promise's first waiter among its observers, and after the threads and
     /// Tasks waiting on this promise woke: a `wait()` on this promise may return while the
-    /// child, made earlier, is still pending for an instant.
+    /// child, made earlier, is still pending for an instant. On a promise that has settled
+    /// already, the child settles as it did before this returns (no timer is set).
     ///
     /// An interval longer than a hundred years never elapses: `.seconds(Int64.max)` means
     /// no timeout.
     public func timeout(_ interval: Duration) -> Promise<Value> {
-        timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, $0) }
+        timeout(interval) { PromiseTimer(after: interval, $0) }
     }
 
     /// `timeout(_:)` timed on `clock`.
@@ -231,13 +260,14 @@ extension Promise {
     /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
     /// ```
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, on: clock, $0) }
+        timeout(interval) { PromiseTimer(after: interval, on: clock, $0) }
     }
 
     /// A child that settles as this promise does, unless `deadline` comes first: then it
     /// rejects with `PromiseError.timedOut`. One deadline for a whole request, however many
     /// steps it takes, instead of a relative timeout recomputed at each step; a deadline
-    /// already past rejects the child at once (unless this promise had settled).
+    /// already past (or now) rejects the child at once, before this returns, unless this
+    /// promise had settled. A deadline more than a hundred years away never comes.
     ///
     /// ```swift
     /// let deadline = ContinuousClock.now + .seconds(2)
@@ -248,7 +278,7 @@ extension Promise {
     /// Timed on Dispatch, as `timeout(_:)`; see `timeout(_:)` for what the child keeps.
     public func timeout(until deadline: ContinuousClock.Instant) -> Promise<Value> {
         let interval = ContinuousClock.now.duration(to: deadline)
-        return timeout(timerCanFire: interval <= PromiseTimer.horizon) { PromiseTimer(after: interval, $0) }
+        return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(after: interval, $0) }
     }
 
     /// `timeout(until:)` with a deadline on `clock`.
@@ -257,14 +287,43 @@ extension Promise {
     /// let user = fetchUser(id).timeout(until: testClock.now.advanced(by: .seconds(2)), clock: testClock)
     /// ```
     public func timeout<C: Clock>(until deadline: C.Instant, clock: C) -> Promise<Value> where C.Duration == Duration {
-        timeout(timerCanFire: true) { PromiseTimer(at: deadline, on: clock, $0) }
+        let interval = clock.now.duration(to: deadline)
+        return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(at: deadline, on: clock, $0) }
     }
 
-    /// - Parameter timerCanFire: false for an interval past `PromiseTimer.horizon`, which
-    ///   sets no timer: then only this promise settles the child (for the cycle check).
-    private func timeout(timerCanFire: Bool,
+    /// `timeout(_:)` with a timer the caller schedules: `schedule` arranges for its `fire`
+    /// to run once the interval it is given has passed (never negative), and returns what
+    /// cancels that; an interval longer than a hundred years is never scheduled. For
+    /// PromiseNIO's `timeout(_:on:)`, which schedules on an event loop: the child is the
+    /// same as `timeout(_:)`'s (its place in this promise's waiter list, what it keeps,
+    /// the cycle check's view of it).
+    package func timeout(
+        _ interval: Duration,
+        scheduling schedule: (_ interval: Duration, _ fire: @escaping @Sendable () -> Void) -> @Sendable () -> Void
+    ) -> Promise<Value> {
+        timeout(interval) { PromiseTimer(after: interval, scheduling: schedule, $0) }
+    }
+
+    /// - Parameters:
+    ///   - interval: how long the timer runs. Past `PromiseTimer.horizon` it sets no timer:
+    ///     then only this promise settles the child (for the cycle check).
+    ///   - rejectingAtOnceIfPast: for a deadline: one already past (`interval <= .zero`)
+    ///     rejects the child before this returns, if this promise is still pending.
+    private func timeout(_ interval: Duration, rejectingAtOnceIfPast: Bool = false,
                          startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
-        let child = DerivedPromise<Value>(linkedTo: self, settledBesidesParent: timerCanFire)
+        let child = DerivedPromise<Value>(linkedTo: self, settledBesidesParent: interval <= PromiseTimer.horizon)
+        guard isPending else {
+            // Settled already: so is the child, before this returns (also inside a handler,
+            // where the waiter list would settle it only once the handler returned), and
+            // no timer is set.
+            child.adoptOutcome(of: self, lookingAbove: self)
+            return child
+        }
+        if rejectingAtOnceIfPast && interval <= .zero {
+            // Settled early, as by the timer: it leaves this promise as such children do.
+            child.reject(PromiseError.timedOut)
+            return child
+        }
         let follower = TimeoutFollower(child: child)
         let list = rareState
         guard list.add(follower, on: self) == .listed else {

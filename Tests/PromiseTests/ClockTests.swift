@@ -103,14 +103,60 @@ final class ClockTests: XCTestCase {
         clock.advance(by: .seconds(5))
         let receiver = Promise<Int>()  // held: a receiver dropped pending would break the child
         let late = receiver.timeout(until: clock.now.advanced(by: .seconds(-1)), clock: clock)
-        XCTAssertTrue(eventually { self.isTimedOut(late) }, "\(late)")
+        XCTAssertTrue(isTimedOut(late), "not at once: \(late)")
+        let now = receiver.timeout(until: clock.now, clock: clock)
+        XCTAssertTrue(isTimedOut(now), "not at once: \(now)")
         // On the default path (Dispatch, ContinuousClock instants).
         let lateOnDispatch = receiver.timeout(until: .now - .seconds(1))
-        XCTAssertTrue(eventually { self.isTimedOut(lateOnDispatch) }, "\(lateOnDispatch)")
+        XCTAssertTrue(isTimedOut(lateOnDispatch), "not at once: \(lateOnDispatch)")
         XCTAssertTrue(receiver.isPending)
+        // The receiver settling right after does not change them.
+        receiver.fulfill(1)
+        XCTAssertTrue(isTimedOut(late) && isTimedOut(now) && isTimedOut(lateOnDispatch))
         // A receiver settled already wins over a past deadline.
         let settled = Promise(value: 2).timeout(until: .now - .seconds(1))
         XCTAssertEqual(try settled.wait(timeout: testTimeout), 2)
+    }
+
+    /// A timeout of a promise settled already is settled before `timeout` returns, also
+    /// inside an `.immediate` handler (it waited for the handler to return, so a `wait`
+    /// on it there timed out), and sets no timer.
+    func testATimeoutOfASettledPromiseIsSettledAtOnce() {
+        let settled = Promise<Int>(value: 4)
+        let outside = settled.timeout(.seconds(5))
+        XCTAssertTrue(outside.isFulfilled)
+        XCTAssertEqual(value(outside), 4)
+        let trigger = Promise<Void>()
+        let seen = trigger.then(on: .immediate) { _ -> String in
+            let child = settled.timeout(.seconds(5))
+            let untilDeadline = settled.timeout(until: .now + .seconds(5))
+            return "\(child.state) \(untilDeadline.state)"
+        }
+        trigger.fulfill(())
+        XCTAssertEqual(value(seen), "fulfilled fulfilled")
+        let cancelled = Promise<Int>()
+        cancelled.cancel()
+        XCTAssertTrue(cancelled.timeout(.seconds(5)).isCancelled)
+    }
+
+    /// A deadline on a clock more than a hundred years away never comes, as an interval
+    /// that long does not: `ContinuousClock`'s own sleep would trap on it (it counts in
+    /// 64-bit nanoseconds). In a child process: the trap ended the whole test run.
+    func testAFarDeadlineOnAClockNeverComes() throws {
+        try runInChildProcess {
+            let receiver = Promise<Int>()
+            let clock = ContinuousClock()
+            let child = receiver.timeout(until: clock.now.advanced(by: .seconds(Int64.max)), clock: clock)
+            let manual = ManualClock()
+            let onManual = receiver.timeout(until: manual.now.advanced(by: .seconds(Int64.max)), clock: manual)
+            manual.advance(by: .seconds(3_155_760_000))
+            let slept = Promise<Void>.after(.milliseconds(200))
+            _ = try slept.wait(timeout: testTimeout)
+            XCTAssertTrue(child.isPending && onManual.isPending)
+            receiver.fulfill(2)
+            XCTAssertEqual(value(child), 2)
+            XCTAssertEqual(value(onManual), 2)
+        }
     }
 
     /// Intervals too long for Dispatch's nanoseconds (`.seconds(Int64.max)`: "no timeout")
