@@ -28,7 +28,10 @@ extension Promise {
     /// always does: completing from another thread hops to the loop. If the promise is
     /// freed while still pending, the future fails with `PromiseError.brokenPromise` (what
     /// every observer of a dropped promise gets) rather than leaking (NIO traps on leaked
-    /// promises in debug builds).
+    /// promises in debug builds). The loop must outlive the promise, as for any NIO
+    /// promise completed from another thread: once it has shut down, NIO drops the
+    /// completion it hops there, the future never completes, and NIO's debug builds trap
+    /// on the leaked promise when it is freed.
     ///
     /// Observing costs one `whenComplete` on `.immediate`: no child promise, no extra hop
     /// beyond the one NIO makes when the promise settles off the loop. The future cannot
@@ -91,7 +94,9 @@ extension Promise {
     /// rejection of the receiver always hops, even when it happens on the loop (no
     /// Zalgo); a cancellation flows down at once, on the cancelling thread, as it does
     /// everywhere. Cheaper than `then(on: .eventLoop(loop))` when nothing is transformed:
-    /// the empty closure it stores needs no allocation.
+    /// the empty closure it stores needs no allocation. The loop must outlive the hop: a
+    /// loop that has shut down drops it, and the child stays pending (see
+    /// ``EventLoopContext``).
     public func hop(to eventLoop: any EventLoop) -> Promise<Value> {
         always(on: EventLoopContext(eventLoop)) {}
     }
@@ -109,21 +114,23 @@ extension Promise {
     /// ```
     ///
     /// The timer is a task scheduled on the loop (`scheduleTask(in:)`), and the child
-    /// settling first cancels it, which takes it off the loop at once. The loop must
-    /// outlive the deadline: a loop shut down first drops the task (NIO does), and the
-    /// child then waits for the receiver alone. What that saves on
-    /// a server: the library's own `timeout(_:)` uses a Dispatch timer, whose cancelled
-    /// block still waits for its deadline, holding the child, and then wakes a thread to
-    /// do nothing; here a request answered in a millisecond leaves nothing behind. The
-    /// timeout's rejection runs on the loop, so `.immediate` handlers of the child run
-    /// there when it times out.
+    /// settling first cancels it, which takes it off the loop at once. Otherwise the child
+    /// is `timeout(_:)`'s: a negative interval means now, one longer than a hundred years
+    /// never elapses (no task is scheduled), and a promise may follow its own timeout
+    /// child (the timer, not a cycle, settles it). The loop must outlive the deadline: a
+    /// loop shut down first drops the task (NIO does), and the child then waits for the
+    /// receiver alone. Do not call this on a loop that has shut down already: NIO drops
+    /// the task without failing its promise, and its debug builds trap on that leaked
+    /// promise. What this saves on a server: the library's own `timeout(_:)` uses a
+    /// Dispatch timer, whose cancelled block still waits for its deadline and then wakes
+    /// a thread to do nothing; here a request answered in a millisecond leaves nothing
+    /// behind. The timeout's rejection runs on the loop, so `.immediate` handlers of the
+    /// child run there when it times out.
     public func timeout(_ interval: Duration, on eventLoop: any EventLoop) -> Promise<Value> {
-        let child = map(on: .immediate) { $0 }
-        let timer = eventLoop.scheduleTask(in: TimeAmount(interval)) {
-            child.reject(PromiseError.timedOut)
+        timeout(interval) { interval, fire in
+            let task = eventLoop.scheduleTask(in: TimeAmount(interval)) { fire() }
+            return { task.cancel() }
         }
-        child.whenComplete(on: .immediate) { _ in timer.cancel() }
-        return child
     }
 }
 

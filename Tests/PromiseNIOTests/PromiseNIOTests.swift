@@ -207,6 +207,38 @@ final class PromiseNIOTests: XCTestCase {
         XCTAssertTrue(never.isPending, "the receiver is untouched")
     }
 
+    /// As for `timeout(_:)`: a negative interval means now, however far below zero (NIO's
+    /// `TimeAmount` clamps an overflow to its largest value, so `.seconds(Int64.min)` never
+    /// fired), and one longer than a hundred years never elapses.
+    func testTimeoutOnALoopTakesIntervalsAsTimeoutDoes() throws {
+        let loop = group.next()
+        let receiver = Promise<Int>()
+        for interval in [Duration.seconds(Int64.min), .seconds(-10_000_000_000), .zero] {
+            let child = receiver.timeout(interval, on: loop)
+            XCTAssertThrowsError(try child.wait(timeout: .seconds(5)), "\(interval)") {
+                guard case PromiseError.timedOut = $0 else { return XCTFail("\(interval): \($0)") }
+            }
+            XCTAssertTrue(child.isRejected, "\(interval): the wait gave up, the child is \(child.state)")
+        }
+        let never = receiver.timeout(.seconds(Int64.max), on: loop)
+        try loop.scheduleTask(in: .milliseconds(50)) {}.futureResult.wait()
+        XCTAssertTrue(never.isPending)
+        receiver.fulfill(3)
+        XCTAssertEqual(try never.wait(timeout: .seconds(5)), 3)
+    }
+
+    /// A promise may follow its own timeout child on a loop, as it may the library's: the
+    /// timer settles it, so it is no cycle (it was rejected with `cycle` at once).
+    func testAPromiseMayFollowItsOwnTimeoutOnALoop() throws {
+        let loop = group.next()
+        let promise = Promise<Int>()
+        promise.resolve(with: promise.timeout(.milliseconds(20), on: loop))
+        XCTAssertThrowsError(try promise.wait(timeout: .seconds(5))) {
+            guard case PromiseError.timedOut = $0 else { return XCTFail("got \($0)") }
+        }
+        XCTAssertTrue(promise.isRejected, "the wait gave up: \(promise.state)")
+    }
+
     func testTimeoutOnALoopLetsGoOfItsChildOnceSettled() throws {
         let loop = group.next()
         let source = Promise<[Int]>()
