@@ -688,6 +688,22 @@ void pc_word_store(uintptr_t *word, uintptr_t value) {
     AO_store_release(PC_WORD(word), (AO_t)value);
 }
 
+uintptr_t pc_word_take(uintptr_t *word) {
+    for (;;) {
+        /* No ordering: a guess for the CAS, which validates it. */
+        AO_t seen = AO_load(PC_WORD(word));
+        if (seen == 0) {
+            return 0;
+        }
+        /* full: the one caller whose CAS moves the value to 0 gets it, and sees the
+         * storer's writes before it (pairs with the storer's later release: the work's
+         * hand-off to the context). */
+        if (AO_compare_and_swap_full(PC_WORD(word), seen, (AO_t)0)) {
+            return (uintptr_t)seen;
+        }
+    }
+}
+
 uintptr_t pc_word_lock(uintptr_t *word) {
     for (unsigned failures = 0;; failures++) {
         /* No ordering: a guess for the CAS, which validates it. */

@@ -225,7 +225,7 @@ public class AnyPromise: @unchecked Sendable {
         var node: AnyPromise = self
         while let up = node.parentIfAlive {
             node = up
-            pc_fence()  // our try-retain before the flag's load (see `parentIfNavigable`)
+            fullFence()  // our try-retain before the flag's load (see `parentIfNavigable`)
             if up.treeFlags & TreeFlag.retired == 0 { top = up }
         }
         return top

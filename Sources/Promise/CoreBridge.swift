@@ -708,6 +708,12 @@ func gateLeave(_ gate: UnsafeMutablePointer<UInt>, request: Bool) -> Bool {
     pc_gate_leave(gate, request)
 }
 
+/// What `word` (never locked) held, leaving 0 there: of callers racing for one value,
+/// exactly one gets it (`pc_word_take`).
+func takeWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+    pc_word_take(word)
+}
+
 /// A one-shot election (`pc_once`): true for the one caller that set the flag.
 func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
     pc_once(flag)

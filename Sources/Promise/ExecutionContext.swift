@@ -19,7 +19,9 @@ import Dispatch
 /// whose handler it dropped stays pending while someone holds it (and is freed, its
 /// observers receiving `PromiseError.brokenPromise`, once nobody does). The runs that
 /// queue their own steps (`retry`, `sequence`, `all(_:maxConcurrent:)`) notice, and
-/// reject their output with `brokenPromise`.
+/// reject their output with `brokenPromise`. A context that runs work twice breaks it
+/// too; the library then runs each handler, observer and step once, and ignores the
+/// second run.
 public protocol ExecutionContext: Sendable {
     /// Schedules `work` to run once, asynchronously.
     func execute(_ work: @escaping @Sendable () -> Void)

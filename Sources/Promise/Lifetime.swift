@@ -112,7 +112,7 @@ extension AnyPromise {
     /// thread's flag (see there).
     final var parentIfNavigable: AnyPromise? {
         guard let parent = parentIfAlive else { return nil }
-        pc_fence()  // our try-retain before the flag's load
+        fullFence()  // our try-retain before the flag's load
         return parent.treeFlags & TreeFlag.retired == 0 ? parent : nil
     }
 }

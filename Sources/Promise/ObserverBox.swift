@@ -48,6 +48,17 @@ class ObserverBox: @unchecked Sendable {
         run(settled)
     }
 
+    /// `fire`, from work handed to a context the user gave: such a context must run the
+    /// work once, but one that runs it twice (a contract broken) gets one run, not a crash:
+    /// the source is taken with one atomic exchange, and the second run finds it gone.
+    final func fireOnce() {
+        let word = withUnsafeMutablePointer(to: &heldSource) {
+            UnsafeMutableRawPointer($0).assumingMemoryBound(to: UInt.self)
+        }
+        guard let source = UnsafeMutableRawPointer(bitPattern: takeWord(word)) else { return }
+        run(Unmanaged<AnyPromise>.fromOpaque(source).takeRetainedValue())
+    }
+
     /// `fire`, when `heldSource` holds the source unretained (its settling call's caller
     /// holds it until this has run: see `observerBoxFire`).
     final func fireBorrowingSource() {
@@ -115,7 +126,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
 
     @usableFromInline
     override func scheduleFire() {
-        context.send { self.fire() }
+        context.send { self.fireOnce() }
     }
 }
 
@@ -198,7 +209,7 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
     override var queued: Bool { context != nil }
 
     override func scheduleFire() {
-        context.unsafelyUnwrapped.execute { self.fire() }
+        context.unsafelyUnwrapped.execute { self.fireOnce() }
     }
 
     override func run(_ source: AnyPromise) {

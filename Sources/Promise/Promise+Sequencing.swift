@@ -124,7 +124,15 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
     private func start(_ input: Input, at index: Int) {
         context.execute { [self] in
             guard output.isFreeToSettle else { return }  // settled or locked in: start nothing more
-            guard let work = withLock({ self.work }) else { return }  // stopped
+            // The work, once per input: a context that runs it twice (a contract broken)
+            // must not start a second step for the slot. The slot is claimed under the lock
+            // (a placeholder in `inFlight`, or its value once done).
+            guard let work = withLock({ () -> (@Sendable (Input) throws -> Promise<Value>)? in
+                // (Stopped, the run let go of its work and its results: nothing to claim.)
+                guard let work = self.work, inFlight[index] == nil, case .none = results[index] else { return nil }
+                inFlight[index] = WeakStep(promise: nil)
+                return work
+            }) else { return }  // stopped, or started already
             let step: Promise<Value>
             do {
                 step = try work(input)

@@ -1631,6 +1631,52 @@ static void gate_summary(void *context, unsigned long rounds) {
     printf("\n");
 }
 
+/* ---- pc_word_take: one value, one taker ------------------------------------------- */
+
+enum { TAKE_THREADS = 4 };
+
+typedef struct {
+    uintptr_t word;
+    atomic_uint takers;
+    atomic_uintptr_t taken;
+    unsigned long taken_by[TAKE_THREADS];
+} take_context;
+
+static void take_prepare(void *context, unsigned long round) {
+    take_context *t = context;
+    t->word = (uintptr_t)(round * 8 + 8);  /* never 0 */
+    atomic_store(&t->takers, 0);
+    atomic_store(&t->taken, 0);
+}
+
+static void take_play(void *context, unsigned me, unsigned long round) {
+    take_context *t = context;
+    spin_for((unsigned)((round * 17 + me * 53) % 200));
+    uintptr_t value = pc_word_take(&t->word);
+    if (value != 0) {
+        atomic_fetch_add(&t->takers, 1);
+        atomic_store(&t->taken, value);
+        t->taken_by[me] += 1;
+    }
+}
+
+static void take_check(void *context, unsigned long round, verdict *v) {
+    take_context *t = context;
+    CHECK(v, atomic_load(&t->takers) == 1, "%u takers", atomic_load(&t->takers));
+    CHECK(v, atomic_load(&t->taken) == (uintptr_t)(round * 8 + 8), "took another value");
+    CHECK(v, t->word == 0, "the word is not 0 after the take");
+}
+
+static void take_summary(void *context, unsigned long rounds) {
+    take_context *t = context;
+    (void)rounds;
+    printf("# taken by each thread:");
+    for (unsigned i = 0; i < TAKE_THREADS; i++) {
+        printf(" %lu", t->taken_by[i]);
+    }
+    printf("\n");
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(void) {
@@ -1691,6 +1737,13 @@ int main(void) {
         gate_prepare, gate_play, gate_check, gate_summary,
     };
     run_stress(&retirement_gate, &gates);
+
+    static take_context takes;
+    const stress_test word_take = {
+        "word take: one value, one taker", TAKE_THREADS, 20000,
+        take_prepare, take_play, take_check, take_summary,
+    };
+    run_stress(&word_take, &takes);
 
     printf("%u passed, %u failed\n", tests_passed, tests_failed);
     return tests_failed == 0 ? 0 : 1;

@@ -128,8 +128,9 @@ final class ClockTests: XCTestCase {
         XCTAssertEqual(value(outside), 4)
         let trigger = Promise<Void>()
         let seen = trigger.then(on: .immediate) { _ -> String in
-            let child = settled.timeout(.seconds(5))
-            let untilDeadline = settled.timeout(until: .now + .seconds(5))
+            // Promises whose waiter lists are new (the first use registers the list).
+            let child = Promise<Int>(value: 5).timeout(.seconds(5))
+            let untilDeadline = Promise<Int>(value: 6).timeout(until: .now + .seconds(5))
             return "\(child.state) \(untilDeadline.state)"
         }
         trigger.fulfill(())

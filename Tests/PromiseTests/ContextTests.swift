@@ -528,3 +528,52 @@ private struct WideContext: ExecutionContext {
     let count = 7
     func execute(_ work: @escaping @Sendable () -> Void) { owner.queue.async(execute: work) }
 }
+
+/// A context that breaks its contract by running each piece of work twice, on two threads
+/// at once or one after the other.
+private struct RunsTwiceContext: ExecutionContext {
+    let concurrently: Bool
+
+    func execute(_ work: @escaping @Sendable () -> Void) {
+        if concurrently {
+            DispatchQueue.global().async(execute: work)
+            DispatchQueue.global().async(execute: work)
+        } else {
+            DispatchQueue.global().async { work(); work() }
+        }
+    }
+}
+
+extension ContextTests {
+    /// A context that runs work twice gets each observation once, not a crash (a
+    /// `whenComplete` box unwrapped the source the first run took), as a `then` handler
+    /// does, and a bounded fan-out starts each input once (a second step for a slot
+    /// overcounted and trapped).
+    func testAContextThatRunsWorkTwiceRunsEachObservationOnce() {
+        runInChildProcess {
+            for concurrently in [false, true] {
+                let context = RunsTwiceContext(concurrently: concurrently)
+                let completions = Counter(), handlers = Counter(), starts = Counter()
+                let settled = Promise<Int>()
+                settled.whenComplete(on: context) { _ in completions.increment() }
+                let child = settled.then(on: context) { value -> Int in
+                    handlers.increment()
+                    return value + 1
+                }
+                let all = Promise<Int>.all(0..<20, maxConcurrent: 3, on: context) { input -> Promise<Int> in
+                    starts.increment()
+                    return Promise(value: input * 2)
+                }
+                settled.fulfill(1)
+                XCTAssertEqual(value(all), (0..<20).map { $0 * 2 })
+                XCTAssertEqual(value(child), 2)
+                XCTAssertTrue(eventually { completions.value == 1 })
+                // Let the second runs land.
+                _ = try? Promise<Void>.after(.milliseconds(100)).wait(timeout: testTimeout)
+                XCTAssertEqual(completions.value, 1, "concurrently: \(concurrently)")
+                XCTAssertEqual(handlers.value, 1, "concurrently: \(concurrently)")
+                XCTAssertEqual(starts.value, 20, "concurrently: \(concurrently)")
+            }
+        }
+    }
+}

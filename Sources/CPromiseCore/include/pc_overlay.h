@@ -13,6 +13,7 @@
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
+ *   pc_word_take    any thread                       lock-free (CAS loop; ends once the word is 0)
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
  *   pc_word_store,
  *   pc_word_unlock
@@ -125,6 +126,14 @@ bool pc_word_publish(uintptr_t *_Nonnull word, uintptr_t value);
  * the target's initialisation to a reader that later loads the value).
  */
 void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
+
+/*
+ * Moves a never-locked word to 0 and returns what it held (0 if it was 0 already): of
+ * callers racing for what one store put there, exactly one gets it. For a word handed to
+ * work that a context should run once but may run twice (an observer box's source). Full
+ * barrier: the winner sees what the storer wrote before its store.
+ */
+uintptr_t pc_word_take(uintptr_t *_Nonnull word);
 
 /*
  * Takes the word's lock, spinning (then yielding) while another thread holds it, and
