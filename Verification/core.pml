@@ -39,10 +39,6 @@
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
- *   -DRETIRE        a step an inline cascade keeps lets go of its value if nobody else
- *                   holds it (retireIfOnlyThePathNeedsIt), against navigations that
- *                   try-retain it through a link that holds only its memory (`parent`,
- *                   `root`) and read its value.
  *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
@@ -80,11 +76,6 @@
  *   -DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT, -DBROKEN_FOLLOWER_DROPS_PATH
  *                          a chain's step lets its parent go when its handler is done; a
  *                          follower drops its holds right after its publish (Model 10).
- *   -DRETIRE -DBROKEN_RETIRE_ONE_LOOK, -DBROKEN_NAVIGATE_FLAG_FIRST,
- *            -DBROKEN_RETIRE_KEEPS_DESTROY
- *                          a kept step's retirement reads the count only before its flag; a
- *                          navigation reads the flag before its try-retain; the retirement
- *                          leaves the value to the deinit too (Model 12).
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -115,7 +106,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -2366,132 +2357,5 @@ init {
     :: n < LN -> assert(!lalive[n] && lrefs[n] == 0 && lholds[n] == 0); n++
     :: else -> break
     od
-}
-#endif
-
-#ifdef RETIRE
-/* ======================================================================================
- * Model 12 (-DRETIRE): a kept step lets go of its value (Lifetime.swift,
- * retireIfOnlyThePathNeedsIt and parentIfNavigable). The cascade holds the step with one
- * strong reference (its keep) and, once the next step ran, retires it: if the strong
- * count is one, it sets PC_TREE_RETIRED (a full barrier), reads the count again, and if
- * it is still one destroys the value and clears storedValueNeedsDestroy. At the cascade's
- * end it releases the step; the last release runs the deinit, which destroys the value
- * if it still needs it. NNAV navigators reach the step through a link that holds only
- * its memory: swift_tryRetain (one CAS: fails once the count reached zero), a full fence,
- * the flag; if it is clear they read the value, and one of them keeps the reference and
- * reads the value again later (a user who stored what `parent` answered), then releases.
- *
- * Each d_step is one atomic operation; spin explores every interleaving under sequential
- * consistency, which the two full barriers give the C and Swift code.
- *
- * Properties: every read of the value finds it alive; the value is destroyed exactly
- * once, by the retirement or the deinit; the deinit runs once, after the last release.
- *
- * Broken variants (must FAIL):
- *   -DBROKEN_RETIRE_ONE_LOOK       the retirement reads the count only before the flag.
- *   -DBROKEN_NAVIGATE_FLAG_FIRST   a navigation reads the flag before its try-retain.
- *   -DBROKEN_RETIRE_KEEPS_DESTROY  the retirement leaves storedValueNeedsDestroy set.
- * ====================================================================================== */
-
-#ifndef NNAV
-#define NNAV 2
-#endif
-
-byte strong = 1;          /* the step's strong count: the cascade's keep */
-bit  retiredFlag;         /* PC_TREE_RETIRED */
-bit  valueAlive = 1;
-bit  needsDestroy = 1;    /* storedValueNeedsDestroy */
-byte destroyed;           /* times the value was destroyed */
-bit  deinited;
-
-inline release() {
-    bool last;
-    d_step { assert(strong > 0); strong--; last = strong == 0 };
-    if
-    :: last ->
-        d_step {                                      /* deinit: destroyStoredValue */
-            assert(!deinited);
-            deinited = 1;
-            if
-            :: needsDestroy -> destroyed++; valueAlive = 0
-            :: else
-            fi
-        }
-    :: else
-    fi
-}
-
-inline readValue() {
-    assert(valueAlive)
-}
-
-proctype Cascade() {
-    if
-    :: strong == 1 ->                                 /* isUniquelyReferenced */
-        retiredFlag = 1;                              /* setTreeFlag(retired): full barrier */
-#ifdef BROKEN_RETIRE_ONE_LOOK
-        if :: true ->
-#else
-        if
-        :: strong == 1 ->                             /* isUniquelyReferenced, again */
-#endif
-            d_step {                                  /* letGoOfRetiredValue */
-                destroyed++;
-                valueAlive = 0;
-#ifndef BROKEN_RETIRE_KEEPS_DESTROY
-                needsDestroy = 0
-#endif
-            }
-        :: else
-        fi
-    :: else
-    fi;
-    release()                                         /* the cascade ends */
-}
-
-proctype Navigator(bit keeps) {
-    bool got, sawFlag;
-#ifdef BROKEN_NAVIGATE_FLAG_FIRST
-    sawFlag = retiredFlag;
-#endif
-    d_step {                                          /* swift_tryRetain */
-        if
-        :: strong > 0 -> strong++; got = true
-        :: else -> got = false
-        fi
-    };
-    if
-    :: got ->
-#ifndef BROKEN_NAVIGATE_FLAG_FIRST
-        sawFlag = retiredFlag;                        /* pc_fence, then the flag */
-#endif
-        if
-        :: !sawFlag ->
-            readValue();                              /* parent answered it: read */
-            if
-            :: keeps -> readValue()                   /* read again, later */
-            :: else
-            fi
-        :: else                                       /* retired: answers nil */
-        fi;
-        release()
-    :: else                                           /* gone: answers nil */
-    fi
-}
-
-init {
-    byte i;
-    atomic {
-        run Cascade();
-        i = 0;
-        do
-        :: i < NNAV -> run Navigator(i == 0); i++
-        :: else -> break
-        od
-    }
-    timeout;
-    assert(deinited && strong == 0);
-    assert(destroyed == 1)
 }
 #endif

@@ -92,8 +92,6 @@ $(eval $(call verify_run,lifetime-safety,pass,-DLIFETIME_MODEL,$(PAN_SAFETY),-m1
 
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
-# A kept step lets go of its value against navigations that try-retain it and read it.
-$(eval $(call verify_run,retire-safety,pass,-DRETIRE -DNNAV=3,$(PAN_SAFETY),-m100000))
 
 # Broken variants (-I: a shortened counterexample).
 $(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROKEN),-m100000 -w22 -I))
@@ -125,9 +123,6 @@ $(eval $(call verify_run,broken-lifetime-link-stops-at-linked,fail,-DLIFETIME_MO
 $(eval $(call verify_run,broken-lifetime-in-flight-keeps-nothing,fail,-DLIFETIME_MODEL -DBROKEN_IN_FLIGHT_KEEPS_NOTHING,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
-$(eval $(call verify_run,broken-retire-one-look,fail,-DRETIRE -DBROKEN_RETIRE_ONE_LOOK,$(PAN_BROKEN),-m100000 -I))
-$(eval $(call verify_run,broken-retire-navigate-flag-first,fail,-DRETIRE -DBROKEN_NAVIGATE_FLAG_FIRST,$(PAN_BROKEN),-m100000 -I))
-$(eval $(call verify_run,broken-retire-keeps-destroy,fail,-DRETIRE -DBROKEN_RETIRE_KEEPS_DESTROY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps
 	@echo "==> verify: spin, exhaustive, sequential consistency (see Verification/README.md)"

@@ -203,12 +203,8 @@ public class AnyPromise: @unchecked Sendable {
     /// // and `summary.parent` is nil unless someone else holds the download.
     /// ```
     ///
-    /// A pending parent that nobody else holds can never settle and is freed too. So is
-    /// the value of a step in the middle of a chain that settles inline (`.immediate`
-    /// handlers run one after another by one settling call) once the next step has run,
-    /// if nobody holds that step: the step itself stays until the cascade ends, so that a
-    /// cancel still finds the steps below, but `parent` already answers nil for it.
-    public final var parent: AnyPromise? { parentIfNavigable }
+    /// A pending parent that nobody else holds can never settle and is freed too.
+    public final var parent: AnyPromise? { parentIfAlive }
 
     /// The top of the tree this promise belongs to: itself when it has no parent.
     ///
@@ -216,19 +212,10 @@ public class AnyPromise: @unchecked Sendable {
     /// let step = download.then { decode($0) }.then { render($0) }
     /// step.root === download  // true
     /// ```
-    ///
-    /// The walk goes up while the ancestors are alive, and answers the highest one that
-    /// `parent` would answer (it passes the steps of an inline cascade whose values went:
-    /// see `parent`), so `step.root.cancel()` reaches `step` while the cascade runs.
     public final var root: AnyPromise {
-        var top: AnyPromise = self
         var node: AnyPromise = self
-        while let up = node.parentIfAlive {
-            node = up
-            fullFence()  // our try-retain before the flag's load (see `parentIfNavigable`)
-            if up.treeFlags & TreeFlag.retired == 0 { top = up }
-        }
-        return top
+        while let up = node.parentIfAlive { node = up }
+        return node
     }
 
     // MARK: What the typed subclass provides
@@ -258,13 +245,6 @@ public class AnyPromise: @unchecked Sendable {
     /// Overridden by `Promise<Value>` (final there).
     @usableFromInline
     func copyOutcome(from source: AnyPromise, tag: UInt) {
-        preconditionFailure("AnyPromise is abstract")
-    }
-
-    /// Destroys the fulfilled value now, not at deinit: only for a retired promise, which
-    /// nothing can read any more (`retireIfOnlyThePathNeedsIt`). Overridden by
-    /// `Promise<Value>` (final there).
-    func letGoOfRetiredValue() {
         preconditionFailure("AnyPromise is abstract")
     }
 }

@@ -551,7 +551,6 @@ enum TreeFlag {
     @inlinable static var cancelPublished: UInt { UInt(PC_TREE_CANCEL_PUBLISHED) }
     @inlinable static var errorSeen: UInt { UInt(PC_TREE_ERROR_SEEN) }
     static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
-    static var retired: UInt { UInt(PC_TREE_RETIRED) }
 }
 
 extension AnyPromise {

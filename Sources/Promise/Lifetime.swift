@@ -54,66 +54,7 @@ extension AnyPromise {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
         guard lineageFolloweeWordValue == 0 else { return false }
-        return AnyPromise.keepForThePathUntilCascadeEnds(parentRetain)
-    }
-
-    /// `keepUntilCascadeEnds` for a settled promise whose outcome its cascade has passed on
-    /// already (a step's parent once the step's handler ran, a `timeout` receiver once its
-    /// children took its outcome): kept only for the path the promises below look up
-    /// through, so its value goes at once if nobody else holds it
-    /// (`retireIfOnlyThePathNeedsIt`).
-    @inline(__always)
-    static func keepForThePathUntilCascadeEnds(_ retained: Unmanaged<AnyPromise>) -> Bool {
-        guard keepUntilCascadeEnds(retained, then: releaseKeptPromise) else { return false }
-        // Only a value that needs destroying is worth it (and so only such a promise is
-        // ever retired: `storedValue` checks that in debug builds). Set by the claim winner
-        // before its publish, which the hold's fire acquired. The chain benchmark's `Int`s
-        // stop at this one byte load.
-        retained._withUnsafeGuaranteedRef { promise in
-            if promise.storedValueNeedsDestroy { promise.retireIfOnlyThePathNeedsIt() }
-        }
-        return true
-    }
-
-    /// Lets go of this fulfilled value now, if the cascade's keep is the only reference
-    /// left: the promise stays until the cascade ends, for the path the promises below
-    /// look up through, but its value goes as soon as they took it (the next step's
-    /// handler ran, or the `timeout` children took it): an inline chain of a thousand
-    /// steps with large values peaks at two or three of them, not a thousand.
-    ///
-    /// Nothing can read the value any more. Every observer that reads it holds a
-    /// reference while it waits to run (a sibling's handler, a deferred `whenComplete`,
-    /// an aggregate's slot) or has run, since the value's publish fired them before the
-    /// cascade got here; so does every holder. What is left reaches the promise only through
-    /// a link that holds its memory, not the promise: a child's link up, a registry's
-    /// link down, a follower's link, which read its state and never its value, and
-    /// `parent`, `root` and `debugDescription`, which would show it. Those three treat a
-    /// retired promise as gone (`parentIfNavigable`). The flag and the count meet as in
-    /// Dekker's pattern: the flag is set with a full barrier before the count is read
-    /// again, and a navigation reads the flag after a full barrier that follows its
-    /// try-retain, so either the navigation sees the flag, or this sees its reference and
-    /// keeps the value (the flag stays set: the promise was unreachable a moment ago, and
-    /// answering `nil` for it is what the navigation would have answered then).
-    ///
-    /// Cost: a load of the reference count; the flag and its barrier only when the value
-    /// goes. (The caller asks first whether the value needs destroying at all.)
-    @inline(never)
-    final func retireIfOnlyThePathNeedsIt() {
-        guard publishedTag == UInt(PC_FULFILLED) else { return }
-        let object = Unmanaged.passUnretained(self).toOpaque()
-        guard SwiftRuntime.isUniquelyReferenced(object) else { return }
-        _ = setTreeFlag(TreeFlag.retired)  // full barrier: before the second look below
-        guard SwiftRuntime.isUniquelyReferenced(object) else { return }
-        letGoOfRetiredValue()
-    }
-
-    /// The parent, if it is alive and not retired (`retireIfOnlyThePathNeedsIt`): what
-    /// `parent`, `root` and `debugDescription` may show. The fence pairs with the retiring
-    /// thread's flag (see there).
-    final var parentIfNavigable: AnyPromise? {
-        guard let parent = parentIfAlive else { return nil }
-        fullFence()  // our try-retain before the flag's load
-        return parent.treeFlags & TreeFlag.retired == 0 ? parent : nil
+        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
     }
 }
 

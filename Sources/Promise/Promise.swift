@@ -246,11 +246,6 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         String(reflecting: storedValue)
     }
 
-    final override func letGoOfRetiredValue() {
-        destroyStoredValue()
-        storedValueNeedsDestroy = false  // the deinit must not destroy it again
-    }
-
     final override func copyOutcome(from source: AnyPromise, tag: UInt) {
         let source = unsafeDowncast(source, to: Promise<Value>.self)
         if tag == UInt(PC_FULFILLED) {

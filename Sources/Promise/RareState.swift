@@ -320,7 +320,7 @@ final class RareState: @unchecked Sendable {
         // A root too: code inside the cascade may cancel it and let it go before the
         // timeout children's own children look up (see `keepParentUntilCascadeEnds`).
         let keep = settled._withUnsafeGuaranteedRef { rare.settleFollowers(from: $0) }
-        if keep && AnyPromise.keepForThePathUntilCascadeEnds(settled) { return }
+        if keep && keepUntilCascadeEnds(settled, then: releaseKeptPromise) { return }
         settled.release()
     }
 }

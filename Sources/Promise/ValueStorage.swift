@@ -39,10 +39,6 @@ extension Promise {
     /// The stored value; only once the fulfilled outcome was seen with an acquire load.
     @inlinable
     var storedValue: Value {
-        // Debug builds: a retired promise's value may be gone (`letGoOfRetiredValue` clears
-        // the flag; only a promise whose value needs destroying is retired).
-        assert(treeFlags & UInt(PC_TREE_RETIRED) == 0 || storedValueNeedsDestroy,
-               "read the value of a promise whose value was let go of")
         if Self.storesInline {
             return payloadAddress.assumingMemoryBound(to: Value.self).pointee
         }
@@ -50,7 +46,7 @@ extension Promise {
             .fromOpaque(payloadAddress.load(as: UnsafeRawPointer.self)).takeUnretainedValue().value
     }
 
-    /// Destroys the stored value (deinit, or `letGoOfRetiredValue`).
+    /// Destroys the stored value (deinit only).
     @usableFromInline
     func destroyStoredValue() {
         // A trivial value needs nothing (and the deinit runs unspecialised, where even the

@@ -58,11 +58,7 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        linked itself up its chain while its parent was
                                        pending: its node there may now leave (the overlay's
                                        prune) */
-#define PC_TREE_RETIRED 64u         /* a settled step that only its cascade still kept (for
-                                       the path below it) let go of its value: no one may
-                                       reach it as a `parent` or `root` any more (the
-                                       overlay's `retireIfOnlyThePathNeedsIt`) */
-#define PC_TREE_COUNT_SHIFT 7u      /* the registry's link count sits above the seven bits */
+#define PC_TREE_COUNT_SHIFT 6u      /* the registry's link count sits above the six bits */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a

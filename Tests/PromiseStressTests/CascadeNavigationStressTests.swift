@@ -1,11 +1,12 @@
-// Retired steps under fire: a chain that settles inline lets go of the value of each step
-// nobody holds once the next step ran, and keeps the step itself, unreachable by `parent`
-// and `root`, until the cascade ends. Here other threads walk up the chain with `parent`
-// and `root`, read every ancestor they are given, and cancel the root, while the cascade
-// runs. Every round checks that each value read is the one its step made (never a value
-// let go of: under ASan, a read of one is a use after free), that the leaf ends with the
-// value the whole chain made or cancelled, and that every value is freed once the round's
-// promises are dropped.
+// Navigation into a running cascade: a chain that settles inline keeps each step it went
+// through until the cascade ends, for the path a running handler's child looks up through.
+// Here other threads walk up the chain with `parent` and `root`, read every ancestor they
+// are given, and cancel the root, while the cascade runs. Every round checks that each
+// value read is the one its step made (a step's value must stay readable while anything
+// can reach the step: a weak or unowned reference can, as `parent` does, so the cascade may
+// not let go of a value early; under ASan, a read of one let go of is a use after free),
+// that the leaf ends with the value the whole chain made or cancelled, and that every
+// value is freed once the round's promises are dropped.
 import Foundation
 import Promise
 import Synchronization
@@ -29,19 +30,19 @@ private final class Token: Sendable {
     deinit { Token.alive.subtract(1, ordering: .relaxed) }
 }
 
-final class CascadeRetirementStressTests: XCTestCase {
-    /// Seat 0 fulfils the root of a 48-step `.immediate` chain and lets go of it, so the
-    /// cascade retires every step but the leaf; seats 1 and 2 walk up from the leaf with
+final class CascadeNavigationStressTests: XCTestCase {
+    /// Seat 0 fulfils the root of a 48-step `.immediate` chain and lets go of it, so only
+    /// the cascade keeps the steps above the leaf; seats 1 and 2 walk up from the leaf with
     /// `parent`, read each fulfilled ancestor's value, and take `leaf.root`; in one round
     /// of three, seat 2 cancels the root it found, which must cancel the steps still to run.
-    func testNavigationRacesTheRetirementOfInlineSteps() {
+    func testNavigationIntoARunningCascade() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
         let depth = 48
         let reads = Atomic<Int>(0), midCascade = Atomic<Int>(0), wrong = Atomic<Int>(0)
         var cancelledRounds = 0, fulfilledRounds = 0
 
-        runStressRounds("navigation racing the retirement of inline steps", invariants: [
+        runStressRounds("navigation into a running cascade", invariants: [
             "every value read through parent or root is intact and the one its step made",
             "the leaf ends fulfilled with the chain's value, or cancelled by a cancel of its root",
             "every value is freed once the round's promises are dropped",

@@ -1,0 +1,116 @@
+import Foundation
+@testable import Promise
+import XCTest
+
+/// A chain that settles inline keeps each step until its cascade ends, for the path a
+/// running handler's child looks up through. Whatever reaches a step meanwhile finds it
+/// whole: its value, its place in the tree, its registry. These guard against letting go
+/// of a step's value early (tried, and withdrawn: a `weak` or `unowned` reference the
+/// library cannot see reaches a step as surely as `parent` does).
+final class CascadeNavigationTests: XCTestCase {
+    /// A step that a weak reference (a request-coalescing cache, say) still reaches while
+    /// the cascade runs gives its value, not freed memory.
+    func testAWeakReferenceReadsAStepsValueDuringItsCascade() {
+        let root = Promise<Int>()
+        let cache = WeakCell<Promise<Cell>>()
+        let read = Handoff<Int>(nil)
+        let leaf: Promise<Int>
+        do {
+            let step = root.then(on: .immediate) { Cell($0) }
+            cache.value = step
+            leaf = step.then(on: .immediate) { $0.number }
+                .then(on: .immediate) { number -> Int in
+                    if let cached = cache.value, let cell = try? cached.wait() { read.put(cell.number) }
+                    return number
+                }
+        }
+        root.fulfill(42)
+        XCTAssertEqual(value(leaf), 42)
+        XCTAssertEqual(read.peek, 42)
+    }
+
+    /// The same through an `unowned` capture, which the step outlives until the cascade ends.
+    func testAnUnownedReferenceReadsAStepsValueDuringItsCascade() {
+        let root = Promise<Int>()
+        let read = Handoff<String>(nil)
+        let leaf: Promise<Int>
+        do {
+            let step = root.then(on: .immediate) { Cell($0) }
+            leaf = step.then(on: .immediate) { $0.number }
+                .then(on: .immediate) { [unowned step] number -> Int in
+                    read.put("\(step.state) \((try? step.wait())?.number ?? -1)")
+                    return number
+                }
+        }
+        root.fulfill(7)
+        XCTAssertEqual(value(leaf), 7)
+        XCTAssertEqual(read.peek, "fulfilled 7")
+    }
+
+    /// A root settled inside a handler and held by nobody stays the tree's root while its
+    /// cascade runs: `leaf.root` answers it, and its cancel reaches a branch in flight
+    /// below it as well as the steps still to run.
+    func testARootSettledInsideAHandlerStaysTheRootOfItsCascade() {
+        let outer = Promise<Int>()
+        let never = Promise<Int>()
+        let nested = WeakCell<Promise<Int>>()
+        let side = Handoff<Promise<Int>>(nil)
+        let leafBox = Handoff<Promise<Int>>(nil)
+        let rootWasNested = Handoff<Bool>(nil)
+        outer.then(on: .immediate) { _ -> Int in
+            let inner = Promise<Int>()
+            nested.value = inner
+            side.put(inner.then(on: .immediate) { _ in never })  // in flight below `inner`
+            var leaf = inner.then(on: .immediate) { $0 + 1 }
+            for index in 0..<6 {
+                leaf = leaf.then(on: .immediate) { value -> Int in
+                    if index == 3, let leaf = leafBox.peek {
+                        rootWasNested.put(leaf.root === nested.value)
+                        leaf.root.cancel()
+                    }
+                    return value + 1
+                }
+            }
+            leafBox.put(leaf)
+            inner.fulfill(1)
+            return 0
+        }
+        outer.fulfill(0)
+        XCTAssertTrue(leafBox.peek?.isCancelled == true)
+        XCTAssertEqual(rootWasNested.peek, true)
+        XCTAssertTrue(side.peek?.isCancelled == true, "the branch in flight was missed")
+    }
+
+    /// A step that a descendant in flight holds after the cascade is still its child's
+    /// parent, value and all.
+    func testAStepHeldByADescendantInFlightStaysAParent() {
+        let root = Promise<Int>()
+        let pending = Promise<Int>()
+        let first = WeakCell<Promise<[Int]>>()
+        let second: Promise<[Int]>
+        let third: Promise<Int>
+        do {
+            let step = root.then(on: .immediate) { [$0] }
+            first.value = step
+            second = step.then(on: .immediate) { $0 + [2] }
+            third = second.then(on: .immediate) { _ in pending }  // follows: in flight
+        }
+        root.fulfill(1)
+        XCTAssertNotNil(first.value, "the path of a promise in flight is held")
+        XCTAssertTrue(second.parent === first.value)
+        XCTAssertEqual(first.value.flatMap { try? $0.wait() }, [1])
+        root.cancel()
+        XCTAssertTrue(third.isCancelled, "a cancel of the root reaches the promise in flight")
+    }
+}
+
+/// A value whose reads would show freed memory (under ASan).
+private final class Cell: Sendable {
+    let number: Int
+    init(_ number: Int) { self.number = number }
+}
+
+/// A weak reference a `@Sendable` closure may read.
+private final class WeakCell<T: AnyObject>: @unchecked Sendable {
+    weak var value: T?
+}
