@@ -169,6 +169,63 @@ extension AnyPromise {
     }
 }
 
+/// What settles an output the library made from promises it waits on: a combinator's
+/// `Aggregator` (its inputs), or a run (`retry`: its attempt in flight; `sequence` and
+/// `all(_:maxConcurrent:)`: their steps in flight). The output's rare state links to it
+/// (`AnyPromise.settlerIfAlive`), so the cycle check's walk goes on through it.
+protocol WaitedOnByOutput: AnyObject {
+    /// Appends the promises the output waits on now, at most `limit`: `complete` false if
+    /// there may be more (or more may start before these settle), `unlinked` true if one
+    /// cannot be reached any more (gone, or not made yet).
+    func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool)
+
+    /// Which outcome of one of them settles the output before the others.
+    var settledEarlyBy: Aggregator.SettledEarlyBy { get }
+}
+
+extension Aggregator: WaitedOnByOutput {}
+
+extension AnyPromise {
+    /// Links this output, a root the library made and nobody else has seen yet (or that
+    /// nothing follows yet), to the run that settles it (see `RareState.settlerMemory`),
+    /// for the cycle check.
+    final func recordRun(_ run: some WaitedOnByOutput) {
+        let address = Unmanaged.passUnretained(run as AnyObject).toOpaque()
+        SwiftRuntime.unownedRetain(address)  // the rare state's hold, released by its deinit
+        let rare = rareState
+        rare.settlerIsRun = true
+        rare.settlerMemory = address
+    }
+
+    /// What settles this output (an aggregator or a run), retained, if it is still alive;
+    /// nil for any other promise. For the cycle check's walk.
+    final var settlerIfAlive: (any WaitedOnByOutput)? {
+        guard isRoot, let rare = existingRareState, let address = rare.settlerMemory,
+              let object = SwiftRuntime.tryRetain(address) else { return nil }
+        if !rare.settlerIsRun { return Unmanaged<Aggregator>.fromOpaque(object).takeRetainedValue() }
+        return Unmanaged<AnyObject>.fromOpaque(object).takeRetainedValue() as? any WaitedOnByOutput
+    }
+
+    /// Called by a run that just started observing a step for this output: rejects the
+    /// output with `PromiseError.cycle` if it now waits on itself, through its steps, with
+    /// nothing else to settle it (a step follows the output, say:
+    /// `p.resolve(with: Promise.retry { p })`; for `all(_:maxConcurrent:)`, every step in
+    /// flight waits on it and no other can start). The run recorded the step first; a
+    /// promise locking in to follow the output at the same time recorded its link, fenced,
+    /// then walks to the run's steps: with the fence here, one of the two sees the other
+    /// (as for two promises following each other, `wouldWaitOnItself`).
+    final func rejectAsCycleIfItWaitsOnItself() {
+        fullFence()
+        guard isPending else { return }
+        var walk = WaitWalk(target: self)
+        guard walk.reaches(from: self) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
+        failure = PromiseError.cycle
+        PromiseDiagnostics.report(.cycle, for: self)
+        publishOutcomeFromHolder(keeping: nil)
+    }
+}
+
 /// The walk of `wouldWaitOnItself`: from a promise, along what it waits on, looking for
 /// the target (the promise that locks in).
 ///
@@ -214,7 +271,9 @@ struct WaitWalk {
     private enum End {
         case target
         case elsewhere
-        case combinator(Aggregator)
+        /// At an output the library settles from what it waits on: a combinator's
+        /// aggregator, or a run's steps.
+        case combinator(any WaitedOnByOutput)
     }
 
     /// Whether `source` waits on the target. `depth`: how many levels of outputs that one
@@ -254,8 +313,8 @@ struct WaitWalk {
                 // settles it too (`timeout`'s timer).
                 guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
                 next = parent
-            } else if let aggregator = current.aggregatorIfAlive {
-                return .combinator(aggregator)
+            } else if let settler = current.settlerIfAlive {
+                return .combinator(settler)
             } else {
                 return .elsewhere
             }
@@ -276,10 +335,10 @@ struct WaitWalk {
     /// At a combinator's pending output: true if it waits on the target for sure; else,
     /// for `allSettled`, its inputs still pending go to `branches`. At most `budget`
     /// inputs are looked at.
-    private mutating func enter(_ aggregator: Aggregator, depth: Int, branches: inout [AnyPromise]) -> Bool {
+    private mutating func enter(_ aggregator: any WaitedOnByOutput, depth: Int, branches: inout [AnyPromise]) -> Bool {
         branched = true
         if depth == 0 {
-            let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque())
+            let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator as AnyObject).toOpaque())
             guard seen.insert(address).inserted else { return false }
         }
         kept.append(aggregator)

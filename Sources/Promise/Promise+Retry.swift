@@ -130,7 +130,7 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
 ///
 /// Threading: its spin lock (`SpinLocked`), taken once per step and once when the output
 /// settles (cold paths: never on the register, settle or fire path of any promise).
-final class StepInFlight: SpinLocked, @unchecked Sendable {
+final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
     private weak var step: AnyPromise?
     /// Whether `step` is a pause, the run's own timer promise (not an attempt the user's
     /// code returned).
@@ -156,6 +156,17 @@ final class StepInFlight: SpinLocked, @unchecked Sendable {
             step.cancel()  // the output settled as the pause was made: the run's own, it goes
         }
     }
+
+    /// For the cycle check (`WaitedOnByOutput`): the output waits on the attempt in flight
+    /// alone. None between two attempts, or during a pause (a timer settles it).
+    func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
+        guard limit > 0, let step = withLock({ stepIsPause ? nil : step }) else { return (true, false) }
+        inputs.append(step)
+        return (true, false)
+    }
+
+    /// The output settles as its attempts go, none of them settling it early for sure.
+    var settledEarlyBy: Aggregator.SettledEarlyBy { .nothing }
 
     /// No step is in flight any more, and none comes (a pause that never elapses).
     func clear() {
@@ -325,6 +336,7 @@ extension Promise {
         }
         let run = RetryRun<Value>((body, shouldRetry, makePause))
         let inFlight = run.inFlight
+        run.output.recordRun(inFlight)  // for the cycle check
         // Weakly: the run holds the output (a strong link back would be a cycle).
         OutcomeHook { [weak run] output in run?.outputSettled(output) }.register(on: run.output)
 
@@ -359,6 +371,8 @@ extension Promise {
                         }
                     }
                 }.register(on: current)
+                // An attempt that waits on the output would never settle it.
+                run.output.rejectAsCycleIfItWaitsOnItself()
                 // Settled meanwhile, after `leave` had looked for this step: give up now.
                 if !run.output.isPending { current.observerGaveUp() }
             }

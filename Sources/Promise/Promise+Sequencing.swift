@@ -26,7 +26,7 @@
 ///
 /// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
 /// call out.
-private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unchecked Sendable {
+private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
     // Only the pumping thread touches it. Type-erased: a closure may capture the
     // metatype of `Input` (Sendable), not that of the caller's sequence type.
     private var iterator: AnyIterator<Input>
@@ -64,6 +64,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
 
     /// Starts the run; the promise of its results.
     func run() -> Promise<[Value]> {
+        output.recordRun(self)  // for the cycle check
         OutcomeHook { [weak self] output in
             if output.isCancelled {
                 self?.stop(cancelling: output.failureOrCancellation)
@@ -114,6 +115,24 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
         }
     }
 
+    /// For the cycle check (`WaitedOnByOutput`): the steps in flight. Complete only if no
+    /// other step can start before one of them settles: every slot is taken (a slot whose
+    /// step is being made counts as unlinked), or the inputs ran out and nobody is pulling.
+    func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
+        withLock {
+            var unlinked = false
+            for slot in inFlight.values {
+                guard inputs.count < limit else { return (false, unlinked) }
+                if let step = slot.promise { inputs.append(step) } else { unlinked = true }
+            }
+            let noMoreStart = inFlight.count >= self.limit || (exhausted && !pumping)
+            return (noMoreStart && !stopped, unlinked)
+        }
+    }
+
+    /// The first error rejects the output.
+    var settledEarlyBy: Aggregator.SettledEarlyBy { .failure }
+
     /// For the pumping thread of a stopped run: lets go of the input sequence (which only
     /// that thread touches), then stops pumping.
     private func letGoOfInputs() {
@@ -154,6 +173,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, @unche
                 case .failure(let error): fail(error)
                 }
             }.register(on: step)
+            // A step that waits on the output would never settle it, nor let another start.
+            output.rejectAsCycleIfItWaitsOnItself()
             // Settled meanwhile, after `stop` had looked for this step's observer: it gives
             // up now.
             if !output.isPending { step.observerGaveUp() }

@@ -132,15 +132,18 @@ final class RareState: @unchecked Sendable {
     /// The settling entries taken when the node fired, for its deferred half: written and
     /// read by the settling thread only.
     private var settling: WaiterEntry?
-    /// A combinator's output only: the `Aggregator` that settles it, by its memory (the
-    /// runtime's unowned count, as `HeldMemory` holds a promise's), tried with
-    /// `swift_tryRetain` (`AnyPromise.aggregatorIfAlive`). The aggregator holds the output
-    /// until the output settles, so a strong link back would be a cycle. Written once,
-    /// before the output is shared (`recordAggregator`).
-    final var aggregatorMemory: UnsafeMutableRawPointer?
+    /// The output of a combinator or a run only: the `Aggregator` or the run that settles
+    /// it, by its memory (the runtime's unowned count, as `HeldMemory` holds a promise's),
+    /// tried with `swift_tryRetain` (`AnyPromise.aggregatorIfAlive`, `settlerIfAlive`). It
+    /// holds the output until the output settles, so a strong link back would be a cycle.
+    /// Written once, before the output is shared (`recordAggregator`) or before the run
+    /// starts (`recordRun`).
+    final var settlerMemory: UnsafeMutableRawPointer?
+    /// Whether `settlerMemory` is a run's (not an aggregator's).
+    final var settlerIsRun = false
 
     deinit {
-        if let aggregatorMemory { SwiftRuntime.unownedRelease(aggregatorMemory) }
+        if let settlerMemory { SwiftRuntime.unownedRelease(settlerMemory) }
     }
 
     private func withLock<T>(_ body: () -> T) -> T {

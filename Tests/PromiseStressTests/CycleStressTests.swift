@@ -130,4 +130,55 @@ final class CycleStressTests: XCTestCase {
             return true
         }
     }
+
+    /// A run's step that waits on the promise following the run, while that promise locks
+    /// in on another thread: the step is made on the default queue (a child of the
+    /// promise, for `retry` and for `all(_:maxConcurrent:)`), or locks in itself once a
+    /// gate opens (a child of the gate returning the promise). Whichever comes last sees the
+    /// other, so the promise always ends rejected with `cycle`, never pending.
+    func testRunStepsWaitingOnTheirFollowerAlwaysReject() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var kinds = [0, 0, 0]
+
+        runStressRounds("a run's step waiting on the promise that locks in to follow the run", invariants: [
+            "the promise ends rejected with PromiseError.cycle, however the step's start and the lock-in interleave",
+            "every promise of the round is freed",
+        ], details: { "retry: \(kinds[0]); all(_:maxConcurrent:): \(kinds[1]); a step locking in behind a gate: \(kinds[2])" }) { checker in
+            let round = checker.round
+            let kind = round % 3
+            kinds[kind] += 1
+            let promise = Promise<Int>()
+            weak let weakPromise = promise
+            let gate = Promise<Void>()
+            let output: Promise<Int>
+            switch kind {
+            case 0:
+                output = Promise.retry(attempts: 2, on: .default) { promise.map(on: .immediate) { $0 } }
+            case 1:
+                output = Promise<Int>.all([0], maxConcurrent: 1, on: .default) { _ in
+                    promise.map(on: .immediate) { $0 }
+                }.map(on: .immediate) { $0[0] }
+            default:
+                output = Promise.retry(attempts: 2, on: .immediate) { gate.then(on: .immediate) { promise } }
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                for _ in 0..<random.below(64) { _ = random.next() }
+                if seat == 0 { promise.resolve(with: output) } else { gate.fulfill(()) }
+            }
+            checker.check(finished, "round hung")
+            let outcome = Result { try promise.wait(timeout: .seconds(20)) }
+            if case .failure(PromiseError.cycle) = outcome {} else {
+                checker.fail("the promise following the run ended \(outcome)")
+            }
+            _ = consume promise
+            _ = consume output
+            let deadline = Date(timeIntervalSinceNow: 10)
+            while weakPromise != nil && Date() < deadline { usleep(100) }
+            checker.check(weakPromise == nil, "the promise of the round was not freed")
+            return true
+        }
+    }
 }

@@ -238,3 +238,58 @@ final class CycleTests: XCTestCase {
         XCTAssertEqual(value(observed), expected)
     }
 }
+
+/// A run (`retry`, `sequence`, `all(_:maxConcurrent:)`) waits on its steps, which your code
+/// makes after the run started: a step that waits on the promise following the run closes
+/// a cycle, seen when the step starts or when the promise locks in, whichever is last.
+final class RunCycleTests: XCTestCase {
+    private func assertCycle<T>(_ promise: Promise<T>, _ message: String, file: StaticString = #filePath, line: UInt = #line) {
+        let e = error(promise, file: file, line: line)
+        guard case PromiseError.cycle? = e else {
+            return XCTFail("\(message): expected PromiseError.cycle, got \(String(describing: e))", file: file, line: line)
+        }
+    }
+
+    func testFollowingARetryOverItselfRejects() {
+        for context in [.immediate as any ExecutionContext, .default as any ExecutionContext] {
+            let promise = Promise<Int>()
+            promise.resolve(with: Promise.retry(attempts: 3, on: context) { promise })
+            assertCycle(promise, "retry on \(context)")
+            let child = Promise<Int>()
+            child.resolve(with: Promise.retry(attempts: 3, on: context) { child.map(on: .immediate) { $0 + 1 } })
+            assertCycle(child, "retry of a child on \(context)")
+        }
+    }
+
+    func testFollowingASequenceOrABoundedAllOverItselfRejects() {
+        for context in [.immediate as any ExecutionContext, .default as any ExecutionContext] {
+            let sequence = Promise<[Int]>()
+            sequence.resolve(with: Promise<Int>.sequence(on: context, [1, 2]) { _ in sequence.map(on: .immediate) { $0.count } })
+            assertCycle(sequence, "sequence on \(context)")
+            // Both slots wait on the output, and no other input is left to start.
+            let all = Promise<[Int]>()
+            all.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: 2, on: context) { _ in all.map(on: .immediate) { $0.count } })
+            assertCycle(all, "all(_:maxConcurrent:) on \(context)")
+        }
+    }
+
+    /// A run that something else may still settle is no cycle: another step may fail (the
+    /// first error settles `all(_:maxConcurrent:)`), a retry's pause is a timer.
+    func testARunAnotherStepCanSettleIsNoCycle() {
+        let all = Promise<[Int]>()
+        let failing = Promise<Int>()
+        all.resolve(with: Promise<Int>.all([0, 1], maxConcurrent: 2, on: .immediate) { index in
+            index == 0 ? all.map(on: .immediate) { $0.count } : failing
+        })
+        XCTAssertTrue(all.isPending, "rejected while the other step may still fail")
+        failing.reject(TestError(4))
+        XCTAssertEqual(error(all) as? TestError, TestError(4))
+
+        let retried = Promise<Int>()
+        let attempts = Counter()
+        retried.resolve(with: Promise.retry(attempts: 2, backoff: .fixed(.milliseconds(1)), on: .immediate) {
+            attempts.increment() == 1 ? Promise(error: TestError(5)) : Promise(value: 6)
+        })
+        XCTAssertEqual(value(retried), 6)
+    }
+}
