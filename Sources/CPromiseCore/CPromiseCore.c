@@ -695,9 +695,9 @@ uintptr_t pc_word_take(uintptr_t *word) {
         if (seen == 0) {
             return 0;
         }
-        /* full: the one caller whose CAS moves the value to 0 gets it, and sees the
-         * storer's writes before it (pairs with the storer's later release: the work's
-         * hand-off to the context). */
+        /* full: elects the one caller whose CAS moves the value to 0, and keeps the take
+         * in place among the caller's accesses. (The storer's writes before its plain
+         * store reach the takers through the hand-off that starts them, see the header.) */
         if (AO_compare_and_swap_full(PC_WORD(word), seen, (AO_t)0)) {
             return (uintptr_t)seen;
         }

@@ -245,6 +245,17 @@ extension AnyPromise {
         }
     }
 
+    /// `takeSettledParent` for work a context runs: one atomic exchange, so that a context
+    /// that runs the work twice (a broken contract), even both runs at once, gives the hold
+    /// to one run, and the other finds none and does nothing.
+    final func takeSettledParentOnce() -> ParentHold {
+        withLineage { lineage in
+            let word = (UnsafeMutableRawPointer(lineage) + MemoryLayout<Lineage>.offset(of: \.settledParent)!)
+                .assumingMemoryBound(to: UInt.self)
+            return ParentHold(word: takeWord(word))
+        }
+    }
+
     /// See `Lineage.verifiedEpoch`; `AncestorCheck.noAncestors` for a root.
     @inlinable
     final var verifiedEpoch: UInt {

@@ -27,6 +27,19 @@ public protocol ExecutionContext: Sendable {
     func execute(_ work: @escaping @Sendable () -> Void)
 }
 
+/// A one-shot flag for work handed to a context the user gave, which must run it once but
+/// may run it twice, one run after the other or both at once (a contract broken): `claim`
+/// is true for the first run only (one CAS). For work that has no one-shot state of its own
+/// to take (a handler's hold on its parent, an observer's source).
+final class RunOnce: @unchecked Sendable {
+    // First stored property: `claim` addresses it as the election's word.
+    private var claimed: UInt = 0
+
+    func claim() -> Bool {
+        electOnce(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self))
+    }
+}
+
 // MARK: Built-in contexts
 
 /// The default context: a private concurrent queue. Handlers may run in parallel.

@@ -70,9 +70,10 @@ extension AnyPromise {
                 if source.isCancelled, continuation?.hasErrorSide == true {
                     errorSideDispatched = true
                     // The work holds the parent itself: `settledParent` stays with
-                    // this thread's deferred half, which drops it (rare: one allocation
-                    // more for the closure's two captures).
-                    sendToContext { [source] in self.runContinuation(parent: source) }
+                    // this thread's deferred half, which drops it (rare: an allocation
+                    // more for the closure's captures, and one for its one-shot flag).
+                    let once = RunOnce()
+                    sendToContext { [source] in if once.claim() { self.runContinuation(parent: source) } }
                 }
                 deferOnThisThread()
                 return
@@ -84,7 +85,7 @@ extension AnyPromise {
             } else {
                 // The node's reference keeps this promise alive until `send` has returned:
                 // the work may run, and drop its own reference, before that.
-                sendToContext { self.runContinuationTakingParent() }
+                sendToContext { self.runContinuationTakingParent(once: true) }
                 retained.release()
             }
         case .following:
@@ -162,10 +163,12 @@ extension AnyPromise {
     /// - Parameter offeringReference: true from the frame that runs this promise's deferred
     ///   node holding it with the node's reference: the first `.immediate` child this
     ///   publish fires takes that reference instead of retaining (`pc_cascade_watch_offering`).
+    /// - Parameter once: true from work a context runs: the hold is taken atomically, so a
+    ///   context that runs the work twice (a broken contract) runs the handler once.
     /// - Returns: whether a child took it (then the caller must not release it).
     @usableFromInline @discardableResult
-    final func runContinuationTakingParent(offeringReference: Bool = false) -> Bool {
-        let hold = takeSettledParent()
+    final func runContinuationTakingParent(offeringReference: Bool = false, once: Bool = false) -> Bool {
+        let hold = once ? takeSettledParentOnce() : takeSettledParent()
         guard !hold.isEmpty else { return false }
         let previousWatch = offeringReference ? watchCascadeOfferingReference() : watchCascade()
         hold.parent._withUnsafeGuaranteedRef { runContinuation(parent: $0) }

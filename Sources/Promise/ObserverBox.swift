@@ -35,6 +35,22 @@ class ObserverBox: @unchecked Sendable {
     @inlinable
     init() {}
 
+    /// `heldSource`'s word, found from the object's address (it follows `node`, the first
+    /// stored property), not through the property: two runs of `fireOnce` at once must
+    /// not make formal accesses to it (ThreadSanitizer reports those, however the property
+    /// is marked). Debug builds check the offset as a box is made (`checkHeldSourceOffset`).
+    private var heldSourceWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + CoreLayout.headerSize
+            + MemoryLayout<pc_node>.stride).assumingMemoryBound(to: UInt.self)
+    }
+
+    /// Debug builds: `heldSourceWord` is `heldSource`'s address (called before the box is
+    /// shared, so the formal access here overlaps no other thread's).
+    @usableFromInline
+    final func checkHeldSourceOffset() -> Bool {
+        withUnsafeMutablePointer(to: &heldSource) { UnsafeMutableRawPointer($0) } == UnsafeMutableRawPointer(heldSourceWord)
+    }
+
     /// Hands `fire` to the box's context (queued boxes only).
     @usableFromInline
     func scheduleFire() {
@@ -52,10 +68,7 @@ class ObserverBox: @unchecked Sendable {
     /// work once, but one that runs it twice (a contract broken) gets one run, not a crash:
     /// the source is taken with one atomic exchange, and the second run finds it gone.
     final func fireOnce() {
-        let word = withUnsafeMutablePointer(to: &heldSource) {
-            UnsafeMutableRawPointer($0).assumingMemoryBound(to: UInt.self)
-        }
-        guard let source = UnsafeMutableRawPointer(bitPattern: takeWord(word)) else { return }
+        guard let source = UnsafeMutableRawPointer(bitPattern: takeWord(heldSourceWord)) else { return }
         run(Unmanaged<AnyPromise>.fromOpaque(source).takeRetainedValue())
     }
 
@@ -115,6 +128,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
     init(context: __shared any ExecutionContext, body: @escaping @Sendable (Result<Value, any Error>) -> Void) {
         self.context = StoredContext(context)
         super.init(body: body)
+        assert(checkHeldSourceOffset(), "ObserverBox.heldSource moved: see heldSourceWord")
     }
 
     deinit {
@@ -204,6 +218,7 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
         self.observer = consume observer
         self.context = context
         super.init()
+        assert(checkHeldSourceOffset(), "ObserverBox.heldSource moved: see heldSourceWord")
     }
 
     override var queued: Bool { context != nil }

@@ -119,8 +119,10 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         line: UInt = #line
     ) {
         self.init(file: file, line: line)
+        // Once, also on a context that runs its work twice (a broken contract).
+        let once = RunOnce()
         context.execute { [self] in
-            guard self.claimHint == UInt(PC_CLAIM_FREE) else { return }  // cancelled before it ran
+            guard once.claim(), self.claimHint == UInt(PC_CLAIM_FREE) else { return }  // cancelled before it ran
             self.settle(work)
         }
     }

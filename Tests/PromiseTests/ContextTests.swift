@@ -536,8 +536,14 @@ private struct RunsTwiceContext: ExecutionContext {
 
     func execute(_ work: @escaping @Sendable () -> Void) {
         if concurrently {
-            DispatchQueue.global().async(execute: work)
-            DispatchQueue.global().async(execute: work)
+            // Both runs released at once, so that they overlap.
+            let barrier = SpinBarrier(parties: 2)
+            for _ in 0..<2 {
+                Thread {
+                    barrier.arriveAndWait(round: 0)
+                    work()
+                }.start()
+            }
         } else {
             DispatchQueue.global().async { work(); work() }
         }
@@ -577,3 +583,54 @@ extension ContextTests {
         }
     }
 }
+
+extension ContextTests {
+    /// The same for a `then` handler on many rounds (two overlapping runs released the
+    /// handler twice: a crash), for `Promise(on:)`'s work, and for `retry`'s attempts and
+    /// `shouldRetry` (a second attempt started, which the output's cancel then missed).
+    func testAContextThatRunsWorkTwiceRunsEachHandlerAndAttemptOnce() {
+        runInChildProcess {
+            for concurrently in [false, true] {
+                let context = RunsTwiceContext(concurrently: concurrently)
+                let handlers = Counter()
+                for round in 0..<300 {
+                    let parent = Promise<Int>()
+                    let child = parent.then(on: context) { value -> Int in
+                        handlers.increment()
+                        return value + 1
+                    }
+                    parent.fulfill(round)
+                    XCTAssertEqual(value(child), round + 1)
+                }
+                let works = Counter()
+                let made = Promise<Int>(on: context) {
+                    works.increment()
+                    Thread.sleep(forTimeInterval: 0.01)
+                    return 1
+                }
+                XCTAssertEqual(value(made), 1)
+                let bodies = Counter(), asked = Counter()
+                let attempts = Recorder<Promise<Int>>()
+                let output = Promise<Int>.retry(attempts: 3, backoff: .fixed(.zero), on: context, shouldRetry: { _ in
+                    asked.increment()
+                    return true
+                }) {
+                    let attempt = bodies.increment() == 1 ? Promise<Int>(error: TestError(1)) : Promise<Int>()
+                    attempts.append(attempt)
+                    return attempt
+                }
+                XCTAssertTrue(eventually { bodies.value >= 2 })
+                _ = try? Promise<Void>.after(.milliseconds(100)).wait(timeout: testTimeout)
+                output.cancel()
+                XCTAssertEqual(handlers.value, 300, "concurrently: \(concurrently)")
+                XCTAssertEqual(works.value, 1, "concurrently: \(concurrently)")
+                XCTAssertEqual(bodies.value, 2, "concurrently: \(concurrently)")
+                XCTAssertEqual(asked.value, 1, "concurrently: \(concurrently)")
+                for attempt in attempts.values where !attempt.isRejected {
+                    XCTAssertTrue(attempt.isCancelled, "an attempt the output's cancel missed")
+                }
+            }
+        }
+    }
+}
+

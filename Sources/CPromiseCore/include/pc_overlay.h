@@ -130,8 +130,10 @@ void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
 /*
  * Moves a never-locked word to 0 and returns what it held (0 if it was 0 already): of
  * callers racing for what one store put there, exactly one gets it. For a word handed to
- * work that a context should run once but may run twice (an observer box's source). Full
- * barrier: the winner sees what the storer wrote before its store.
+ * work that a context should run once but may run twice (an observer box's source). What
+ * the storer wrote before is ordered by the hand-off that lets the takers run (the
+ * context's queue), not by this; the CAS is full only so that the take is never moved
+ * across the caller's neighbouring accesses to what the value stands for.
  */
 uintptr_t pc_word_take(uintptr_t *_Nonnull word);
 
