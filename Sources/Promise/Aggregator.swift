@@ -267,7 +267,7 @@ extension AnyPromise {
     final func recordAggregator(_ aggregator: Aggregator) {
         let address = Unmanaged.passUnretained(aggregator).toOpaque()
         SwiftRuntime.unownedRetain(address)  // the rare state's hold, released by its deinit
-        rareState.settlerMemory = address
+        rareState.aggregatorMemory = address
     }
 
     /// A root with a rare state settled by its holder or by the promise it followed (not
@@ -283,7 +283,7 @@ extension AnyPromise {
     /// The aggregator that settles this combinator output, retained, if it is still
     /// alive; nil for any other promise (two loads for a root, none for a derived one).
     final var aggregatorIfAlive: Aggregator? {
-        guard isRoot, let rare = existingRareState, !rare.settlerIsRun, let address = rare.settlerMemory else { return nil }
+        guard isRoot, let address = existingRareState?.aggregatorMemory else { return nil }
         return SwiftRuntime.tryRetain(address).map { Unmanaged<Aggregator>.fromOpaque($0).takeRetainedValue() }
     }
 }

@@ -343,6 +343,31 @@ enum UnownedLink {
         return retained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
     }
 
+    /// `load` for a word that links to any object (a run, `AnyPromise.recordRun`).
+    static func loadObject(_ word: UnsafeMutablePointer<UInt>) -> AnyObject? {
+        guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
+        let seen = pc_word_lock(word)
+        let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { SwiftRuntime.tryRetain($0) }
+        pc_word_unlock(word, seen)
+        // Balances swift_tryRetain's retain.
+        return retained.map { Unmanaged<AnyObject>.fromOpaque($0).takeRetainedValue() }
+    }
+
+    /// Gives an empty word its target (`address`, whose memory the caller holds for the
+    /// link), before anyone reads it.
+    static func store(_ word: UnsafeMutablePointer<UInt>, address: UnsafeMutableRawPointer) {
+        pc_word_store(word, UInt(bitPattern: address))
+    }
+
+    /// Empties the word, waiting out a reader that is trying the target, and returns what
+    /// it held (0 if nothing): the caller then drops the link's hold on that memory.
+    static func take(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+        guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return 0 }
+        let seen = pc_word_lock(word)
+        pc_word_unlock(word, 0)
+        return seen
+    }
+
     /// Sets the word to 0 if it points at `address`, waiting out a reader that is trying
     /// the target. After this returns, no thread can reach the target through the word.
     static func clear(_ word: UnsafeMutablePointer<UInt>, ifPointingAt address: UInt) {

@@ -186,39 +186,45 @@ protocol WaitedOnByOutput: AnyObject {
 extension Aggregator: WaitedOnByOutput {}
 
 extension AnyPromise {
-    /// Links this output, a root the library made and nobody else has seen yet (or that
-    /// nothing follows yet), to the run that settles it (see `RareState.settlerMemory`),
-    /// for the cycle check.
+    /// Links this output, a root the library made that nobody else has seen yet, to the
+    /// run that settles it (see `RareState.runWord`), for the cycle check; `forgetRun`
+    /// undoes it when the output settles.
     final func recordRun(_ run: some WaitedOnByOutput) {
         let address = Unmanaged.passUnretained(run as AnyObject).toOpaque()
-        SwiftRuntime.unownedRetain(address)  // the rare state's hold, released by its deinit
-        let rare = rareState
-        rare.settlerIsRun = true
-        rare.settlerMemory = address
+        SwiftRuntime.unownedRetain(address)  // the link's hold: `forgetRun`, or the rare state's deinit
+        UnownedLink.store(rareState.runWord, address: address)
+    }
+
+    /// The output settled: the cycle check has nothing to ask its run any more, and a
+    /// settled output that lives on keeps none of the run's memory.
+    final func forgetRun() {
+        guard let word = existingRareState?.runWord,
+              let run = UnsafeMutableRawPointer(bitPattern: UnownedLink.take(word)) else { return }
+        SwiftRuntime.unownedRelease(run)
     }
 
     /// What settles this output (an aggregator or a run), retained, if it is still alive;
     /// nil for any other promise. For the cycle check's walk.
     final var settlerIfAlive: (any WaitedOnByOutput)? {
-        guard isRoot, let rare = existingRareState, let address = rare.settlerMemory,
-              let object = SwiftRuntime.tryRetain(address) else { return nil }
-        if !rare.settlerIsRun { return Unmanaged<Aggregator>.fromOpaque(object).takeRetainedValue() }
-        return Unmanaged<AnyObject>.fromOpaque(object).takeRetainedValue() as? any WaitedOnByOutput
+        if let aggregator = aggregatorIfAlive { return aggregator }
+        guard isRoot, let word = existingRareState?.runWord else { return nil }
+        return UnownedLink.loadObject(word) as? any WaitedOnByOutput
     }
 
-    /// Called by a run that just started observing a step for this output: rejects the
-    /// output with `PromiseError.cycle` if it now waits on itself, through its steps, with
-    /// nothing else to settle it (a step follows the output, say:
-    /// `p.resolve(with: Promise.retry { p })`; for `all(_:maxConcurrent:)`, every step in
-    /// flight waits on it and no other can start). The run recorded the step first; a
-    /// promise locking in to follow the output at the same time recorded its link, fenced,
-    /// then walks to the run's steps: with the fence here, one of the two sees the other
-    /// (as for two promises following each other, `wouldWaitOnItself`).
-    final func rejectAsCycleIfItWaitsOnItself() {
+    /// Called by a run that takes one step at a time and just started observing `step`
+    /// for this output, which waits on that step alone: rejects the output with
+    /// `PromiseError.cycle` if the step waits on it (it follows the output, say:
+    /// `p.resolve(with: Promise.retry { p })`), since nothing else would settle it. The run
+    /// recorded the step first; a promise locking in to follow the output at the same time
+    /// recorded its link, fenced, then walks to the run's step: with the fence here, one of
+    /// the two sees the other (as for two promises following each other,
+    /// `wouldWaitOnItself`). Cost for a step that has settled, or is a fresh root: a fence
+    /// and two loads.
+    final func rejectAsCycleIfWaited(onBy step: AnyPromise) {
         fullFence()
         guard isPending else { return }
         var walk = WaitWalk(target: self)
-        guard walk.reaches(from: self) else { return }
+        guard step === self || walk.reaches(from: step) else { return }
         guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
         failure = PromiseError.cycle
         PromiseDiagnostics.report(.cycle, for: self)

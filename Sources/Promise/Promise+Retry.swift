@@ -226,6 +226,31 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
     /// The user's code, or nil once the output settled.
     var code: Code? { withLock { userCode } }
 
+    /// The latest attempt started and the latest failure decided (`shouldRetry`), under the
+    /// lock: so that a context that runs its work twice (a broken contract) starts each
+    /// attempt, and asks about each failure, once.
+    private var attemptsStarted = 0
+    private var failuresDecided = 0
+
+    /// The user's code for attempt `number`, or nil if that attempt started already or the
+    /// output settled.
+    func codeForAttempt(_ number: Int) -> Code? {
+        withLock {
+            guard number > attemptsStarted else { return nil }
+            attemptsStarted = number
+            return userCode
+        }
+    }
+
+    /// Whether this run is the first to decide on the failure of attempt `number`.
+    func claimDecision(_ number: Int) -> Bool {
+        withLock {
+            guard number > failuresDecided else { return false }
+            failuresDecided = number
+            return true
+        }
+    }
+
     /// The output settled: passes a cancel on to the step in flight, or has the run's
     /// observer on it leave, and lets go of the user's code.
     func outputSettled(_ output: AnyPromise) {
@@ -338,12 +363,15 @@ extension Promise {
         let inFlight = run.inFlight
         run.output.recordRun(inFlight)  // for the cycle check
         // Weakly: the run holds the output (a strong link back would be a cycle).
-        OutcomeHook { [weak run] output in run?.outputSettled(output) }.register(on: run.output)
+        OutcomeHook { [weak run] output in
+            output.forgetRun()
+            run?.outputSettled(output)
+        }.register(on: run.output)
 
         @Sendable func attempt(_ number: Int) {
             context.execute {
                 // Settled or locked in: no more attempts (and the code is let go once settled).
-                guard run.output.isFreeToSettle, let body = run.code?.body else { return }
+                guard run.output.isFreeToSettle, let body = run.codeForAttempt(number)?.body else { return }
                 let current: Promise<Value>
                 do {
                     current = try body()
@@ -366,13 +394,14 @@ extension Promise {
                         guard let shouldRetry = code.shouldRetry else { return pauseThenRetry(after: number) }
                         // The predicate is user code too: it runs on `context`, as `body` does.
                         context.execute {
-                            guard run.output.isFreeToSettle else { return }  // settled meanwhile
+                            // Settled meanwhile, or asked already (a context running it twice).
+                            guard run.output.isFreeToSettle, run.claimDecision(number) else { return }
                             if shouldRetry(error) { pauseThenRetry(after: number) } else { run.output.reject(error) }
                         }
                     }
                 }.register(on: current)
                 // An attempt that waits on the output would never settle it.
-                run.output.rejectAsCycleIfItWaitsOnItself()
+                run.output.rejectAsCycleIfWaited(onBy: current)
                 // Settled meanwhile, after `leave` had looked for this step: give up now.
                 if !run.output.isPending { current.observerGaveUp() }
             }

@@ -64,8 +64,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
 
     /// Starts the run; the promise of its results.
     func run() -> Promise<[Value]> {
-        output.recordRun(self)  // for the cycle check
+        if limit == 1 { output.recordRun(self) }  // for the cycle check (see `appendLinkedInputs`)
         OutcomeHook { [weak self] output in
+            output.forgetRun()
             if output.isCancelled {
                 self?.stop(cancelling: output.failureOrCancellation)
             } else {
@@ -115,18 +116,22 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
         }
     }
 
-    /// For the cycle check (`WaitedOnByOutput`): the steps in flight. Complete only if no
-    /// other step can start before one of them settles: every slot is taken (a slot whose
-    /// step is being made counts as unlinked), or the inputs ran out and nobody is pulling.
+    /// For the cycle check (`WaitedOnByOutput`): the step in flight of a run that takes
+    /// one at a time (`sequence`, `all(_:maxConcurrent: 1)`), which waits on it alone: no
+    /// other step starts before it settles, and if it fails, the run fails with it.
+    ///
+    /// A run with more slots is not looked into (complete: false). Which of its steps may
+    /// still settle it is not known from here: a step queued on the context but not
+    /// started, or one that fulfilled and whose slot the run has not freed yet, may be
+    /// followed by one that fails. And offering every step in flight would cost each start
+    /// a walk over all of them.
     func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
-        withLock {
-            var unlinked = false
-            for slot in inFlight.values {
-                guard inputs.count < limit else { return (false, unlinked) }
-                if let step = slot.promise { inputs.append(step) } else { unlinked = true }
-            }
-            let noMoreStart = inFlight.count >= self.limit || (exhausted && !pumping)
-            return (noMoreStart && !stopped, unlinked)
+        guard self.limit == 1 else { return (false, false) }
+        return withLock {
+            guard !stopped, let slot = inFlight.values.first else { return (false, false) }
+            guard let step = slot.promise else { return (false, true) }  // being made
+            if limit > 0 { inputs.append(step) }
+            return (limit > 0, false)
         }
     }
 
@@ -173,8 +178,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
                 case .failure(let error): fail(error)
                 }
             }.register(on: step)
-            // A step that waits on the output would never settle it, nor let another start.
-            output.rejectAsCycleIfItWaitsOnItself()
+            // A step that waits on the output would never settle it, nor let another start
+            // (looked for when the run takes one step at a time: see `appendLinkedInputs`).
+            if limit == 1 { output.rejectAsCycleIfWaited(onBy: step) }
             // Settled meanwhile, after `stop` had looked for this step's observer: it gives
             // up now.
             if !output.isPending { step.observerGaveUp() }

@@ -112,8 +112,8 @@ final class RareState: @unchecked Sendable {
     // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
     // value stays 0), and a root's followee word (see `AnyPromise.followeeWord`). A tuple
     // keeps them in this order.
-    private final var header: Header = (pc_node(), 0, 0)
-    private typealias Header = (node: pc_node, lock: UInt, followee: UInt)
+    private final var header: Header = (pc_node(), 0, 0, 0)
+    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
     private var sourceRetain: Unmanaged<AnyPromise>?
     /// The reason of a cancel forwarded through the promise after it had settled: written
@@ -132,18 +132,25 @@ final class RareState: @unchecked Sendable {
     /// The settling entries taken when the node fired, for its deferred half: written and
     /// read by the settling thread only.
     private var settling: WaiterEntry?
-    /// The output of a combinator or a run only: the `Aggregator` or the run that settles
-    /// it, by its memory (the runtime's unowned count, as `HeldMemory` holds a promise's),
-    /// tried with `swift_tryRetain` (`AnyPromise.aggregatorIfAlive`, `settlerIfAlive`). It
-    /// holds the output until the output settles, so a strong link back would be a cycle.
-    /// Written once, before the output is shared (`recordAggregator`) or before the run
-    /// starts (`recordRun`).
-    final var settlerMemory: UnsafeMutableRawPointer?
-    /// Whether `settlerMemory` is a run's (not an aggregator's).
-    final var settlerIsRun = false
+    /// A combinator's output only: the `Aggregator` that settles it, by its memory (the
+    /// runtime's unowned count, as `HeldMemory` holds a promise's), tried with
+    /// `swift_tryRetain` (`AnyPromise.aggregatorIfAlive`). The aggregator holds the output
+    /// until the output settles, so a strong link back would be a cycle. Written once,
+    /// before the output is shared (`recordAggregator`).
+    final var aggregatorMemory: UnsafeMutableRawPointer?
 
     deinit {
-        if let settlerMemory { SwiftRuntime.unownedRelease(settlerMemory) }
+        if let aggregatorMemory { SwiftRuntime.unownedRelease(aggregatorMemory) }
+        if let run = UnsafeMutableRawPointer(bitPattern: runWord.pointee) { SwiftRuntime.unownedRelease(run) }
+    }
+
+    /// A run's output only (`retry`, `sequence`): the run's object the cycle check asks
+    /// for the step in flight, by its memory, in a locked word (`UnownedLink`), set before
+    /// the run starts (`AnyPromise.recordRun`) and emptied when the output settles
+    /// (`forgetRun`), so that a settled output that lives on keeps none of the run.
+    final var runWord: UnsafeMutablePointer<UInt> {
+        (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.run)!)
+            .assumingMemoryBound(to: UInt.self)
     }
 
     private func withLock<T>(_ body: () -> T) -> T {

@@ -3,7 +3,7 @@
 // (Promises/A+ 2.3.1).
 import Dispatch
 import Foundation
-import Promise
+@testable import Promise
 import XCTest
 
 /// A slot a handler reads once the promise it needs exists.
@@ -266,10 +266,10 @@ final class RunCycleTests: XCTestCase {
             let sequence = Promise<[Int]>()
             sequence.resolve(with: Promise<Int>.sequence(on: context, [1, 2]) { _ in sequence.map(on: .immediate) { $0.count } })
             assertCycle(sequence, "sequence on \(context)")
-            // Both slots wait on the output, and no other input is left to start.
+            // One slot: its step waits on the output, and no other starts before it settles.
             let all = Promise<[Int]>()
-            all.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: 2, on: context) { _ in all.map(on: .immediate) { $0.count } })
-            assertCycle(all, "all(_:maxConcurrent:) on \(context)")
+            all.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: 1, on: context) { _ in all.map(on: .immediate) { $0.count } })
+            assertCycle(all, "all(_:maxConcurrent: 1) on \(context)")
         }
     }
 
@@ -291,5 +291,50 @@ final class RunCycleTests: XCTestCase {
             attempts.increment() == 1 ? Promise(error: TestError(5)) : Promise(value: 6)
         })
         XCTAssertEqual(value(retried), 6)
+    }
+}
+
+extension RunCycleTests {
+    /// `all(_:maxConcurrent:)` with more than one slot is not looked into: a step queued
+    /// but not started, or one fulfilled whose slot the run has not freed yet, may be
+    /// followed by one that fails and settles the run (both were rejected as cycles).
+    func testABoundedAllWithSeveralSlotsIsNeverCalledACycle() {
+        let parked = ParkingContext()
+        let queued = Promise<[Int]>(), failing = Promise<Int>()
+        let output = Promise<Int>.all([0, 1], maxConcurrent: 3, on: parked) { index in
+            index == 0 ? queued.map(on: .immediate) { $0.count } : failing
+        }
+        queued.resolve(with: output)
+        let work = parked.take()
+        work[0]()  // the second step is still queued
+        XCTAssertTrue(queued.isPending)
+        work[1]()
+        failing.reject(TestError(7))
+        XCTAssertEqual(error(queued) as? TestError, TestError(7))
+
+        let freeing = Promise<[Int]>(), gate = Promise<Int>()
+        let box = Handoff<Promise<[Int]>>(nil)
+        gate.whenComplete(on: .immediate) { _ in if let output = box.peek { freeing.resolve(with: output) } }
+        let second = Promise<Int>.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { index -> Promise<Int> in
+            switch index {
+            case 0: return gate
+            case 1: return freeing.map(on: .immediate) { $0.count }
+            default: return Promise(error: TestError(8))
+            }
+        }
+        box.put(second)
+        gate.fulfill(1)  // frees slot 0: the third step rejects the run
+        XCTAssertEqual(error(freeing) as? TestError, TestError(8))
+    }
+
+    /// A settled run's output keeps nothing of the run: its link for the cycle check goes
+    /// when it settles.
+    func testASettledRunOutputLetsGoOfItsRun() {
+        let retried = Promise.retry(attempts: 2, on: .immediate) { Promise(value: 1) }
+        let sequenced = Promise<Int>.sequence(on: .immediate, [1, 2]) { Promise(value: $0) }
+        XCTAssertEqual(value(retried), 1)
+        XCTAssertEqual(value(sequenced), [1, 2])
+        XCTAssertEqual(retried.existingRareState?.runWord.pointee, 0)
+        XCTAssertEqual(sequenced.existingRareState?.runWord.pointee, 0)
     }
 }
