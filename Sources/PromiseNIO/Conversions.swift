@@ -119,7 +119,8 @@ extension Promise {
     /// never elapses (no task is scheduled), and a promise may follow its own timeout
     /// child (the timer, not a cycle, settles it). The loop must outlive the deadline: a
     /// loop shut down first drops the task (NIO does), and the child then waits for the
-    /// receiver alone. Do not call this on a loop that has shut down already: NIO drops
+    /// receiver alone (when it settles, the task's cancel reaches the shut-down loop, which
+    /// NIO logs as an error). Do not call this on a loop that has shut down already: NIO drops
     /// the task without failing its promise, and its debug builds trap on that leaked
     /// promise. What this saves on a server: the library's own `timeout(_:)` uses a
     /// Dispatch timer, whose cancelled block still waits for its deadline and then wakes
