@@ -331,6 +331,18 @@ enum UnownedLink {
 
     /// The target, retained, or nil if there is none or it has begun dying.
     static func load(_ word: UnsafeMutablePointer<UInt>) -> AnyPromise? {
+        // Balances swift_tryRetain's retain.
+        loadRetained(word).map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
+    }
+
+    /// `load` for a word that links to any object (a run, `AnyPromise.recordRun`).
+    static func loadObject(_ word: UnsafeMutablePointer<UInt>) -> AnyObject? {
+        // Balances swift_tryRetain's retain.
+        loadRetained(word).map { Unmanaged<AnyObject>.fromOpaque($0).takeRetainedValue() }
+    }
+
+    /// The target's address with a retain the caller owns, or nil.
+    private static func loadRetained(_ word: UnsafeMutablePointer<UInt>) -> UnsafeMutableRawPointer? {
         // No target, no lock. A word gets its target once, before any reader that needs it
         // can look (see `follow` for the one that is not set at init), and loses it for good.
         guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
@@ -339,18 +351,7 @@ enum UnownedLink {
         // in one CAS on the count word, which also holds the deiniting flag.
         let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { SwiftRuntime.tryRetain($0) }
         pc_word_unlock(word, seen)
-        // Balances swift_tryRetain's retain.
-        return retained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }
-    }
-
-    /// `load` for a word that links to any object (a run, `AnyPromise.recordRun`).
-    static func loadObject(_ word: UnsafeMutablePointer<UInt>) -> AnyObject? {
-        guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
-        let seen = pc_word_lock(word)
-        let retained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { SwiftRuntime.tryRetain($0) }
-        pc_word_unlock(word, seen)
-        // Balances swift_tryRetain's retain.
-        return retained.map { Unmanaged<AnyObject>.fromOpaque($0).takeRetainedValue() }
+        return retained
     }
 
     /// Gives an empty word its target (`address`, whose memory the caller holds for the
