@@ -151,11 +151,14 @@ extension AnyPromise {
     /// `PromiseError.cycle` (or cancels it, when `parent` passes down a cancel that came
     /// first), and publishes. Nothing if a canceller took the claim over meanwhile.
     ///
-    /// - Parameter parent: the parent its handler holds; nil from `resolve(with:)`, a
-    ///   settle by the holder, which keeps the parent itself (`publishKeepingParent`).
-    final func rejectAsCycle(parent: AnyPromise?) {
+    /// - Parameters:
+    ///   - parent: the parent its handler holds; nil from `resolve(with:)`, a settle by
+    ///     the holder, which keeps the parent itself (`publishKeepingParent`).
+    ///   - claimed: the claim it is taken from: a run's output, which follows nothing,
+    ///     is still free (`rejectAsCycleIfWaited`).
+    final func rejectAsCycle(parent: AnyPromise?, from claimed: UInt32 = PC_CLAIM_FOLLOWING) {
         let kept = parent == nil ? parentToKeepForSettle() : nil
-        guard claim(from: PC_CLAIM_FOLLOWING, to: PC_REJECTED) else {
+        guard claim(from: claimed, to: PC_REJECTED) else {
             kept?.release()
             return
         }
@@ -170,9 +173,10 @@ extension AnyPromise {
 }
 
 /// What settles an output the library made from promises it waits on: a combinator's
-/// `Aggregator` (its inputs), or a run (`retry`: its attempt in flight; `sequence` and
-/// `all(_:maxConcurrent:)`: their steps in flight). The output's rare state links to it
-/// (`AnyPromise.settlerIfAlive`), so the cycle check's walk goes on through it.
+/// `Aggregator` (its inputs), or a run that takes one step at a time (`retry`: its
+/// attempt in flight; `sequence`, `all(_:maxConcurrent: 1)`: their step in flight). The
+/// output's rare state links to it (`AnyPromise.settlerIfAlive`), so the cycle check's
+/// walk goes on through it.
 protocol WaitedOnByOutput: AnyObject {
     /// Appends the promises the output waits on now, at most `limit`: `complete` false if
     /// there may be more (or more may start before these settle), `unlinked` true if one
@@ -225,10 +229,7 @@ extension AnyPromise {
         guard isPending else { return }
         var walk = WaitWalk(target: self)
         guard step === self || walk.reaches(from: step) else { return }
-        guard claim(from: PC_CLAIM_FREE, to: PC_REJECTED) else { return }
-        failure = PromiseError.cycle
-        PromiseDiagnostics.report(.cycle, for: self)
-        publishOutcomeFromHolder(keeping: nil)
+        rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
     }
 }
 

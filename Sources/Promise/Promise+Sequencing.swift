@@ -120,14 +120,13 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     /// one at a time (`sequence`, `all(_:maxConcurrent: 1)`), which waits on it alone: no
     /// other step starts before it settles, and if it fails, the run fails with it.
     ///
-    /// A run with more slots is not looked into (complete: false). Which of its steps may
-    /// still settle it is not known from here: a step queued on the context but not
-    /// started, or one that fulfilled and whose slot the run has not freed yet, may be
-    /// followed by one that fails. And offering every step in flight would cost each start
-    /// a walk over all of them.
+    /// A run with more slots is not linked to its output (`run`), so never asked. Which of
+    /// its steps may still settle it is not known from here: a step queued on the context
+    /// but not started, or one that fulfilled and whose slot the run has not freed yet,
+    /// may be followed by one that fails. And offering every step in flight would cost
+    /// each start a walk over all of them.
     func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
-        guard self.limit == 1 else { return (false, false) }
-        return withLock {
+        withLock {
             guard !stopped, let slot = inFlight.values.first else { return (false, false) }
             guard let step = slot.promise else { return (false, true) }  // being made
             if limit > 0 { inputs.append(step) }

@@ -110,8 +110,8 @@ enum WaiterAddition {
 final class RareState: @unchecked Sendable {
     // First stored property, so that its address is known without a lookup: the list's
     // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
-    // value stays 0), and a root's followee word (see `AnyPromise.followeeWord`). A tuple
-    // keeps them in this order.
+    // value stays 0), a root's followee word (see `AnyPromise.followeeWord`) and a run
+    // output's link to its run (`runWord`). A tuple keeps them in this order.
     private final var header: Header = (pc_node(), 0, 0, 0)
     private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
