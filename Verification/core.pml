@@ -52,6 +52,9 @@
  *                          a child reads the tree_flags word before its push is visible (what
  *                          the StoreLoad reordering allows if pc_children_push's full
  *                          fetch-add were not a full barrier).
+ *   -DREGISTRY -DNCANCEL=2 -DBROKEN_LOSER_WALKS
+ *                          a canceller that lost the forwarding to another, whose reason is
+ *                          not out yet, walks the registry with its own reason.
  *
  *   -DCYCLE -DBROKEN_NO_FENCE
  *                          the cycle check's walk reads the ring before the promise's own
@@ -472,7 +475,7 @@ byte children = 0;           /* P.children: head of the link stack (0: NULL) */
 byte lnext[NCHILD + 1];      /* link->next */
 byte tree_flags = 0;             /* P.tree_flags: CANCEL_CLAIMED | CANCEL_PUBLISHED (LINKED and the
                                 count from bit 4 up are pruning bookkeeping: not modelled) */
-byte reason = 0;             /* P.forwardedCancelReason (0: none stored) */
+byte reason = 0;             /* P.forwardedCancelReason (0: none stored); canceller k's is k */
 byte cclaim[NCHILD + 1];     /* each child's claim word */
 byte ctree_flags[NCHILD + 1];    /* each child's tree_flags word (CANCEL_CLAIMED) */
 
@@ -484,6 +487,7 @@ bit  prunerSaw[NCHILD + 1];      /* a pruner that held the link saw CANCEL_PUBLI
 bit  reached[NCHILD + 1];        /* child.cancel(reason:) was called */
 bit  settled[NCHILD + 1];        /* the child's claim moved to an outcome */
 bit  forwarded[NCHILD + 1];      /* CANCEL_CLAIMED was set on the (settled) child */
+byte creason[NCHILD + 1];        /* the reason the cancel that settled or forwarded it passed */
 
 /* uintptr_t pc_children_push(promise, link): CAS loop, then the full fetch-add. */
 inline pc_children_push(link) {
@@ -561,8 +565,8 @@ inline pc_tree_flags_set(bitv, won) {
     seen = 0
 }
 
-/* child.cancel(reason:) -> cancelOne(child); the child's own registry is empty here. */
-inline cancel_child(c) {
+/* child.cancel(reason: r) -> cancelOne(child); the child's own registry is empty here. */
+inline cancel_child(c, r) {
     /* settleFailure: pc_claim(child, FREE, CANCELLED) */
     d_step {
         printf("%d: cancel(child %d)\n", _pid, c);
@@ -570,7 +574,7 @@ inline cancel_child(c) {
         if
         :: cclaim[c] == FREE ->
             assert(!settled[c]);                    /* a child settles once */
-            cclaim[c] = CANCELLED; settled[c] = 1;
+            cclaim[c] = CANCELLED; settled[c] = 1; creason[c] = r;
             done = true
         :: else -> done = false
         fi
@@ -583,7 +587,7 @@ inline cancel_child(c) {
             if
             :: cclaim[c] != CANCELLED && (ctree_flags[c] & CLAIMED) == 0 ->
                 assert(!forwarded[c]);              /* a settled child is forwarded once */
-                ctree_flags[c] = ctree_flags[c] | CLAIMED; forwarded[c] = 1
+                ctree_flags[c] = ctree_flags[c] | CLAIMED; forwarded[c] = 1; creason[c] = r
             :: else
             fi
         }
@@ -632,7 +636,7 @@ inline for_each_linked_child(reapplying, byCanceller) {
         do
         :: c <= NCHILD ->
             if
-            :: (kept & (1 << c)) != 0 -> prunerSaw[c] = 1; cancel_child(c)
+            :: (kept & (1 << c)) != 0 -> prunerSaw[c] = 1; cancel_child(c, reason)
             :: else
             fi;
             c++
@@ -648,32 +652,54 @@ inline for_each_linked_child(reapplying, byCanceller) {
     byte seen, list, kept, l, c, nk; \
     byte tk[NCHILD]
 
-/* cancel(reason:) on P: cancelOne(P), then the work loop over the children it queued. */
-proctype Canceller() {
+/* cancel(reason: me) on P: cancelOne(P), then the work loop over the children it queued. */
+proctype Canceller(byte me) {
     REGISTRY_LOCALS;
+    byte passed;
     /* settleFailure(P) fails (P is fulfilled); !isCancelled;
      * pc_tree_flags_set(P, CANCEL_CLAIMED) */
     pc_tree_flags_set(CLAIMED, won);
     if
     :: won ->
-        reason = 1;                                 /* forwardedCancelReason = reason */
+        reason = me;                                /* forwardedCancelReason = reason */
         pc_tree_flags_set(PUBLISHED, won);              /* pc_tree_flags_set(P, CANCEL_PUBLISHED) */
         assert(won)
-    :: else
+#ifndef BROKEN_LOSER_WALKS
+    :: else ->
+        /* else if !carriesCancelForDescendants { return }: the winner has not published
+         * its reason yet, and walks once it has */
+        if
+        :: (tree_flags & PUBLISHED) == 0 ->
+            printf("%d: canceller %d lost the forwarding, leaves the walk to the winner\n", _pid, me);
+            goto walked
+        :: else
+        fi
+#else
+    :: else                                         /* BROKEN: walks with its own reason */
+#endif
     fi;
     won = false;
     for_each_linked_child(false, true);             /* work.append(child) for each link */
+    /* passedOn = cancelReasonForDescendants ?? reason */
+    d_step {
+        if
+        :: (tree_flags & PUBLISHED) != 0 -> passed = reason
+        :: else -> passed = me
+        fi
+    };
     c = 1;                                          /* while let promise = work.popLast() */
     do
     :: c <= NCHILD ->
         if
-        :: (kept & (1 << c)) != 0 -> cancel_child(c)
+        :: (kept & (1 << c)) != 0 -> cancel_child(c, passed)
         :: else
         fi;
         c++
     :: else -> break
     od;
-    c = 0; kept = 0
+    c = 0; kept = 0; passed = 0;
+walked:
+    skip
 }
 
 /* A child in flight after P settled: AnyPromise.linkIntoParentChain (from sourceDidSettle)
@@ -708,7 +734,7 @@ proctype Child(byte me) {
         assert(reason != 0);                        /* the reason is visible */
         sawPublished[me] = 1;
         done = false;
-        cancel_child(me)                            /* promise.cancel(reason: reason) */
+        cancel_child(me, reason)                    /* promise.cancel(reason: reason) */
     :: else ->
         d_step {                                    /* runContinuation: fulfil if free */
             if
@@ -727,9 +753,9 @@ proctype Child(byte me) {
 init {
     byte c;
     atomic {
-        run Canceller();
+        run Canceller(1);
 #if NCANCEL > 1
-        run Canceller();
+        run Canceller(2);
 #endif
         c = 1;
         do
@@ -748,6 +774,8 @@ init {
         assert(pushed[c] && COVERED(c));
         /* so the cancel reached the child, which ended cancelled or forwarding it */
         assert(reached[c] && ENDED_CANCELLED(c));
+        /* with the reason P passes down: that of the cancel that won the forwarding */
+        assert(creason[c] == reason);
         c++
     :: else -> break
     od

@@ -98,6 +98,7 @@ $(eval $(call verify_run,broken-plain-store,fail,-DBROKEN_PLAIN_STORE,$(PAN_BROK
 $(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-stale-retry,fail,-DBROKEN_STALE_RETRY,$(PAN_LIVENESS),-a -m100000 -w22))
 $(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKER,$(PAN_BROKEN),-m100000 -w22 -I))
+$(eval $(call verify_run,broken-loser-walks,fail,-DREGISTRY -DNCHILD=2 -DNCANCEL=2 -DBROKEN_LOSER_WALKS,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGIN,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cycle-no-fence,fail,-DCYCLE -DNRING=2 -DBROKEN_NO_FENCE,$(PAN_BROKEN),-m100000 -I))

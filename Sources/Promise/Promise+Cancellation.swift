@@ -57,6 +57,11 @@ extension AnyPromise {
             rareState.forwardedCancelReason = reason
             _ = setTreeFlag(TreeFlag.cancelPublished)
             ForwardingEpoch.end()
+        } else if !carriesCancelForDescendants {
+            // Another cancel won the forwarding and has not published its reason yet: it
+            // walks the registry once it has, and every descendant takes its reason.
+            // Walking here would hand ours to some of them.
+            return
         }
         // A combinator's output owns its inputs' work: the cancel reaches those still
         // pending, however the output ended cancelled (its own claim above, or a cancel it

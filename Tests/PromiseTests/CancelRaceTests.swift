@@ -8,7 +8,9 @@
 //   is fulfilled, and everything is freed;
 // - every reference to such a chain dropped while its root is fulfilled (or dropped
 //   pending) on another thread: the leaf's observer answers once, with the value or
-//   `brokenPromise`, and every step and value is freed.
+//   `brokenPromise`, and every step and value is freed;
+// - two cancels of a settled promise at once: every descendant, queued before or
+//   registered after, takes the reason of the one that won.
 import Dispatch
 import Foundation
 @testable import Promise
@@ -260,4 +262,37 @@ final class CancelRaceTests: XCTestCase {
         }
         XCTAssertTrue(eventually { tracker.alive == 0 }, "values still alive: \(tracker.alive)")
     }
+
+    /// Two cancels of a settled promise race: the one that loses the forwarding used to
+    /// walk the registry with its own reason before the winner's was out, so some queued
+    /// children took one reason and later continuations the other.
+    func testRacingCancelsOfASettledPromiseGiveEveryDescendantOneReason() {
+        let queue = DispatchQueue(label: "busy")
+        var split: [[Int?]] = []
+        // The window is a few instructions wide: a few rounds in 5,000 hit it before the fix.
+        let deadline = DispatchTime.now() + .seconds(10)
+        for _ in 0..<20_000 where DispatchTime.now() < deadline {
+            let gate = DispatchSemaphore(value: 0)
+            queue.async { gate.wait() }
+            let root = Promise(value: 0)
+            let queued = (0..<6).map { _ in root.then(on: queue) { $0 } }
+            let start = DispatchSemaphore(value: 0)
+            let group = DispatchGroup()
+            for id in 1...2 {
+                DispatchQueue.global().async(group: group) { start.wait(); root.cancel(reason: Reason(round: id)) }
+            }
+            start.signal(); start.signal()
+            group.wait()
+            gate.signal()
+            let later = root.then(on: .immediate) { $0 }
+            let reasons = (queued + [later]).map { promise -> Int? in
+                do { _ = try promise.wait(timeout: .seconds(10)); return nil } catch { return (error as? Reason)?.round }
+            }
+            if Set(reasons).count != 1 || reasons[0] == nil { split.append(reasons) }
+            if split.count >= 3 { break }
+        }
+        queue.sync {}
+        XCTAssertEqual(split.count, 0, "descendants took different reasons, e.g. \(split)")
+    }
+
 }
