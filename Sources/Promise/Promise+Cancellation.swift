@@ -166,9 +166,15 @@ extension AnyPromise {
     /// cancel that reaches a promise any other way walks its registry already: its own
     /// `cancel`, or that of the ancestor a handler's claim found cancelled, below which a
     /// child's leave linked the promise.
+    ///
+    /// It is a give-up too, as a cancel's own claim is (`leavePendingSources`): a child
+    /// that follows a promise and takes on its cancel never takes an outcome from its
+    /// parent, so it tells a parent still pending that an observer gave up. (A `timeout`
+    /// child's parent is the receiver it adopted from, settled already.)
     @usableFromInline
     final func passOnAdoptedCancel() {
         guard publishedTag == UInt(PC_CANCELLED) else { return }
+        if let parent = parentAddress { AnyPromise.observerGaveUp(onPromiseAt: parent) }
         cancel(reason: failureOrCancellation)
     }
 

@@ -11,6 +11,10 @@ extension Promise {
     /// let profile = Promise<Profile> { try await api.profile(for: id) }
     /// profile.cancel()   // cancels the request's Task
     /// ```
+    ///
+    /// A promise settled otherwise first (its holder fulfilled it, say) cancels the Task
+    /// too: its result would be ignored, and a Task left waiting (on a long-lived promise,
+    /// say) would keep the promise and its value for as long as it waits.
     public convenience init(
         _ work: @escaping @Sendable () async throws -> Value,
         file: StaticString = #fileID,
@@ -24,7 +28,8 @@ extension Promise {
                 self.reject(error)
             }
         }
-        onCancel { task.cancel() }
+        // On any outcome, and no reader of its error (an unread rejection is reported).
+        OutcomeHook { _ in task.cancel() }.register(on: self)
     }
 
     /// The value, awaited without blocking a thread; throws the promise's error (a

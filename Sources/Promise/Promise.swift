@@ -112,6 +112,10 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// ```swift
     /// let digest = Promise<String>(on: .default) { try sha256(of: file) }
     /// ```
+    ///
+    /// A cancel before the work starts skips it (the work is what the promise owns). A
+    /// promise settled otherwise first (its holder fulfilled it, say) still runs it, for
+    /// its side effects, and ignores its result.
     public convenience init(
         on context: any ExecutionContext,
         _ work: @escaping @Sendable () throws -> Value,
@@ -122,7 +126,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         // Once, also on a context that runs its work twice (a broken contract).
         let once = RunOnce()
         context.execute { [self] in
-            guard once.claim(), self.claimHint == UInt(PC_CLAIM_FREE) else { return }  // cancelled before it ran
+            guard once.claim(), !self.isClaimedAsCancel else { return }  // cancelled before it ran
             self.settle(work)
         }
     }
