@@ -275,11 +275,14 @@ extension StoredHandler {
         }
     }
 
-    /// `always`: a side effect on any outcome; the outcome passes on unchanged.
+    /// `always`: a side effect on any outcome; the outcome passes on unchanged. Without an
+    /// error side, a cancel of the parent does not run `body` (for a `body` that does
+    /// nothing: `passOn(on:)`).
     @inlinable
-    static func always<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable () -> Void) -> StoredHandler {
+    static func always<T: Sendable>(_ type: T.Type, hasErrorSide: Bool = true,
+                                    _ body: @escaping @Sendable () -> Void) -> StoredHandler {
         typealias Body = @Sendable () -> Void
-        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: hasErrorSide) { slot, source, target in
             let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped

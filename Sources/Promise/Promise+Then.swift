@@ -166,6 +166,15 @@ extension Promise {
         DerivedPromise<Value>.make(parent: self, context: context, continuation: .always(Value.self, body))
     }
 
+    /// A child that settles as this promise did, on `context`, with no handler of the
+    /// user's (PromiseNIO's `hop(to:)`). Unlike an `always` with an empty body, it has no
+    /// error side for a cancel to run: cancelled, it waits for nothing, and so leaves a
+    /// long-lived parent at its next prune.
+    package func passOn(on context: any ExecutionContext) -> Promise<Value> {
+        DerivedPromise<Value>.make(parent: self, context: context,
+                                   continuation: .always(Value.self, hasErrorSide: false) {})
+    }
+
     /// Checks the value: `false` rejects the child with `PromiseError.validationFailure`,
     /// a throw rejects it with the thrown error, `true` passes the value on.
     ///

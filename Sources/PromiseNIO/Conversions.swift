@@ -98,7 +98,7 @@ extension Promise {
     /// loop that has shut down drops it, and the child stays pending (see
     /// ``EventLoopContext``).
     public func hop(to eventLoop: any EventLoop) -> Promise<Value> {
-        always(on: EventLoopContext(eventLoop)) {}
+        passOn(on: EventLoopContext(eventLoop))
     }
 }
 

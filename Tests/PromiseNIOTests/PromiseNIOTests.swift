@@ -7,6 +7,11 @@ import XCTest
 
 private struct Boom: Error, Equatable {}
 
+private final class WeakReference {
+    weak var object: AnyObject?
+    init(_ object: AnyObject) { self.object = object }
+}
+
 final class PromiseNIOTests: XCTestCase {
     private var group: MultiThreadedEventLoopGroup!
 
@@ -141,6 +146,25 @@ final class PromiseNIOTests: XCTestCase {
 
         let onTime = loop.scheduleTask(in: .milliseconds(1)) { 3 }.promise()
         XCTAssertEqual(try onTime.wait(timeout: .seconds(5)), 3)
+    }
+
+    /// A cancelled hop has no handler of the user's whose error side a cancel would still
+    /// run: it waits for nothing, so a long-lived receiver lets it go (as it does a
+    /// cancelled `then`), where an `always {}` child stayed until the receiver settled.
+    func testCancelledHopsLeaveALongLivedReceiver() {
+        let loop = group.next()
+        let longLived = Promise<Int>()
+        let hops = (0..<2_000).map { _ -> WeakReference in
+            let hop = longLived.hop(to: loop)
+            hop.cancel()
+            XCTAssertTrue(hop.isCancelled)
+            return WeakReference(hop)
+        }
+        // At most the hops cancelled since the receiver's last prune (it prunes once as
+        // many observers gave up as stayed, and at least 8).
+        XCTAssertLessThanOrEqual(hops.filter { $0.object != nil }.count, 16, "cancelled hops stay alive")
+        XCTAssertTrue(longLived.isPending)
+        longLived.cancel()
     }
 
     func testHopSettlesOnTheLoop() throws {
