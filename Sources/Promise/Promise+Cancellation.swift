@@ -265,7 +265,8 @@ extension AnyPromise {
 
     /// Registers `body` to run once if and when this promise is cancelled: the resolver
     /// side's hook to stop the work behind it (RXPromise's pattern). Runs at once if the
-    /// promise is already cancelled; never runs if it settles any other way.
+    /// promise is already cancelled (called inside an `.immediate` handler or another
+    /// `onCancel` body: right after that returns); never runs if it settles any other way.
     ///
     /// ```swift
     /// func download(_ url: URL) -> Promise<Data> {

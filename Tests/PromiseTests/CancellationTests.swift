@@ -507,4 +507,27 @@ final class CancellationTests: XCTestCase {
         inner.fulfill(5)  // may or may not be refused, depending on forwarding
         assertCancelled(child, reason: 23)
     }
+
+    /// A cancel inside an `.immediate` handler is queued behind the handler, as all the
+    /// work a handler triggers (the stack stays flat): the children are cancelled once it
+    /// returns, before the outermost settling call does, and until then the handler can
+    /// still settle one of them first (the Cancellation article says so).
+    func testACancelInsideAnImmediateHandlerReachesTheChildrenOnceItReturns() throws {
+        let request = Promise<Int>()
+        let reply = request.then(on: .immediate) { $0 }
+        let other = request.then(on: .immediate) { $0 }
+        let seen = Recorder<PromiseState>()
+        let trigger = Promise<Int>()
+        trigger.whenComplete(on: .immediate) { _ in
+            request.cancel()
+            seen.append(other.state)
+            seen.append(request.state)
+            _ = reply.fulfill(7)
+        }
+        trigger.fulfill(0)
+        XCTAssertEqual(seen.values, [.pending, .cancelled], "queued behind the handler; the promise itself at once")
+        XCTAssertTrue(other.isCancelled, "reached once the handler returned")
+        XCTAssertEqual(try reply.wait(), 7, "the handler settled it first")
+    }
+
 }
