@@ -85,8 +85,21 @@ static _Thread_local struct {
 static pthread_key_t pc_kept_key;
 static pthread_once_t pc_kept_key_once = PTHREAD_ONCE_INIT;
 
+/* The key's destructor, on the exiting thread, whose thread-local block is still there:
+ * the trampoline forgets the buffer before it goes, so that a cascade run by a later
+ * destructor (of a key created after ours: an object in thread-local storage whose deinit
+ * settles a promise) starts again from the inline buffer instead of writing into freed
+ * memory. A buffer it grows again is set on the key again, and the destructor runs again. */
+static void pc_kept_free(void *buffer) {
+    if (pc_trampoline.kept == buffer) {
+        pc_trampoline.kept = NULL;
+        pc_trampoline.kept_capacity = 0;
+    }
+    free(buffer);
+}
+
 static void pc_kept_key_create(void) {
-    if (pthread_key_create(&pc_kept_key, free) != 0) {
+    if (pthread_key_create(&pc_kept_key, pc_kept_free) != 0) {
         pc_die("pc_keep_until_cascade_end", "pthread_key_create failed", 0);
     }
 }

@@ -518,6 +518,56 @@ static void test_keep_until_cascade_end(verdict *v) {
     CHECK(v, keeps.late_deferral_ran_first, "work deferred by a release ran after the next release");
 }
 
+/* A thread whose cascade grew the kept buffer to the heap keeps it until it exits; the
+ * key's destructor frees it. A destructor of a key created later runs a cascade that keeps
+ * past the inline buffer again: it must start from the inline buffer, not write into the
+ * freed one (ASan: heap-use-after-free before the fix). */
+enum { EXIT_KEEPS = 40 }; /* past PC_KEPT_INLINE */
+
+static unsigned exit_released;
+static pthread_key_t exit_late_key;
+
+static void exit_release(void *item) {
+    (void)item;
+    exit_released += 1;
+}
+
+static void exit_keep_fire(pc_node *node, pc_promise *source) {
+    (void)node;
+    (void)source;
+    for (unsigned i = 0; i < EXIT_KEEPS; i++) {
+        (void)pc_keep_until_cascade_end((void *)(uintptr_t)(i + 1), exit_release);
+    }
+}
+
+static void exit_late_destructor(void *value) {
+    (void)value;
+    pc_node node = {0};
+    node.fire = exit_keep_fire;
+    pc_defer(&node);
+}
+
+static void *exit_thread(void *unused) {
+    (void)unused;
+    pc_node node = {0};
+    node.fire = exit_keep_fire;
+    pc_defer(&node); /* grows the kept buffer to the heap, which the thread keeps */
+    if (pthread_key_create(&exit_late_key, exit_late_destructor) == 0) {
+        (void)pthread_setspecific(exit_late_key, (void *)1); /* destroyed after the kept key's */
+    }
+    return NULL;
+}
+
+static void test_keep_in_a_destructor_at_thread_exit(verdict *v) {
+    exit_released = 0;
+    pthread_t thread;
+    CHECK(v, pthread_create(&thread, NULL, exit_thread, NULL) == 0, "pthread_create");
+    pthread_join(thread, NULL);
+    (void)pthread_key_delete(exit_late_key);
+    CHECK(v, exit_released == 2 * EXIT_KEEPS, "%u references released, want %u", exit_released,
+          2u * EXIT_KEEPS);
+}
+
 /* pc_inline_begin opens a scope only on a settled, quiescent promise and only outside
  * every scope; what the inline observer defers runs at pc_inline_end, not before. */
 static test_promise *inline_probe_target;
@@ -1695,6 +1745,7 @@ int main(void) {
     run_test("defer outside a fire runs at once", test_defer_outside_fire_runs_at_once);
     run_test("defer inside a fire runs after it returns", test_defer_inside_fire_runs_after_it);
     run_test("keep until cascade end: after deferred work, newest first", test_keep_until_cascade_end);
+    run_test("keep until cascade end: in a destructor at thread exit", test_keep_in_a_destructor_at_thread_exit);
     run_test("inline observation: only outside scopes, on a quiescent outcome", test_inline_begin_end);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
