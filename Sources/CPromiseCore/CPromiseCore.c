@@ -629,10 +629,22 @@ void pc_forwarding_end(void) {
     if (((uintptr_t)AO_load(PC_WORD(&pc_forwarding_word)) & PC_FORWARDING_ACTIVE_MASK) == 0) {
         pc_die("pc_forwarding_end", "no forward in progress", 0);
     } /* No ordering on that load: a sanity check of this thread's own begin. */
-    /* full: release publishes the PUBLISHED bit (and the reason before it) to a reader
-     * whose acquire load in pc_forwarding_epoch sees the advanced epoch. One fetch-and-add
-     * both ends this forward (-1) and advances the epoch (+EPOCH_ONE). */
-    (void)AO_fetch_and_add_full(PC_WORD(&pc_forwarding_word), (AO_t)(PC_FORWARDING_EPOCH_ONE - 1u));
+    /* No ordering: a first guess for the CAS below, which validates it. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&pc_forwarding_word));
+    for (;;) {
+        /* One update both ends this forward (-1) and advances the epoch (+EPOCH_ONE),
+         * unless it is at its largest value, where it stays (see pc_forwarding_is_quiet). */
+        uintptr_t epoch_bits = seen & ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
+        uintptr_t advance = epoch_bits == ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK ? 0 : PC_FORWARDING_EPOCH_ONE;
+        /* full: release publishes the PUBLISHED bit (and the reason before it) to a reader
+         * whose acquire load in pc_forwarding_epoch sees the new word. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&pc_forwarding_word), (AO_t)seen, (AO_t)(seen - 1u + advance));
+        if (was == seen) {
+            return;
+        }
+        seen = was;
+    }
 }
 
 /* ---- combinators ------------------------------------------------------------------ */

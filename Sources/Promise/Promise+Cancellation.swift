@@ -225,7 +225,7 @@ extension AnyPromise {
     final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = ForwardingEpoch.current
-        let quiet = epoch & UInt(PC_FORWARDING_ACTIVE_MASK) == 0
+        let quiet = pc_forwarding_is_quiet(epoch)
         // The common case, without touching reference counts (the caller holds the
         // parent): no cancel on the parent, and it verified this epoch.
         let reason = !parent.carriesCancelForDescendants && AnyPromise.covers(parent, epoch: epoch, quiet: quiet)

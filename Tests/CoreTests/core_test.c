@@ -1355,6 +1355,31 @@ static void *forward_many(void *unused) {
     return NULL;
 }
 
+/* The epoch stops at its largest value instead of wrapping back to one a parent may have
+ * recorded (4,096 forwards on 32-bit targets before): there it is never quiet, and begins
+ * and ends still balance. The word is set by hand near the end and restored after. */
+static void test_forwarding_epoch_saturates(verdict *v) {
+    uintptr_t saved = pc_forwarding_epoch();
+    const uintptr_t largest = ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
+    __atomic_store_n(&pc_forwarding_word, largest - PC_FORWARDING_EPOCH_ONE, __ATOMIC_SEQ_CST);
+    CHECK(v, pc_forwarding_is_quiet(pc_forwarding_epoch()), "one epoch before the largest is quiet");
+    pc_forwarding_begin();
+    CHECK(v, !pc_forwarding_is_quiet(pc_forwarding_epoch()), "a forward in progress is not quiet");
+    pc_forwarding_end();
+    uintptr_t reached = pc_forwarding_epoch();
+    CHECK(v, reached == largest, "the last end reaches the largest epoch: 0x%lx", (unsigned long)reached);
+    CHECK(v, !pc_forwarding_is_quiet(reached), "the largest epoch is never quiet");
+    for (int i = 0; i < 3; i++) {
+        pc_forwarding_begin();
+        pc_forwarding_begin();
+        pc_forwarding_end();
+        pc_forwarding_end();
+    }
+    uintptr_t after = pc_forwarding_epoch();
+    CHECK(v, after == largest, "forwards past it leave it there, balanced: 0x%lx", (unsigned long)after);
+    __atomic_store_n(&pc_forwarding_word, saved, __ATOMIC_SEQ_CST);
+}
+
 static void test_forwarding_epoch(verdict *v) {
     uintptr_t before = pc_forwarding_epoch();
     CHECK(v, (before & PC_FORWARDING_ACTIVE_MASK) == 0, "quiet at the start: 0x%lx", (unsigned long)before);
@@ -1749,6 +1774,7 @@ int main(void) {
     run_test("inline observation: only outside scopes, on a quiescent outcome", test_inline_begin_end);
     run_test("chain of 100000 settles on a 256 KiB stack", test_chain_on_small_stack);
     run_test("forwarding epoch: begin/end, racing forwards", test_forwarding_epoch);
+    run_test("forwarding epoch: stops at its largest value, never quiet there", test_forwarding_epoch_saturates);
     run_test("retirement gate: enters, leaves, one retirement", test_gate_in_order);
     run_test("cascade watch: only the watched promise counts, watches nest", test_cascade_watch);
     run_test("scope opener: only the outermost call's promise, while open", test_scope_opener);

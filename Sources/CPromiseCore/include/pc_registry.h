@@ -140,8 +140,24 @@ static inline bool pc_holds_self_hint(const pc_lineage *_Nonnull lineage) {
  * Written only by cancels of settled promises (rare); read by every handler's claim, a
  * load of a line that stays shared in every cache.
  */
+#if UINTPTR_MAX > 0xFFFFFFFFu
 #define PC_FORWARDING_ACTIVE_MASK 0xFFFFFu /* forwards in progress (up to about a million) */
-#define PC_FORWARDING_EPOCH_ONE 0x100000u
+#define PC_FORWARDING_EPOCH_ONE 0x100000u  /* 44 bits of epoch */
+#else
+#define PC_FORWARDING_ACTIVE_MASK 0xFFFu   /* forwards in progress (up to 4,095) */
+#define PC_FORWARDING_EPOCH_ONE 0x1000u    /* 20 bits of epoch */
+#endif
+
+/*
+ * The epoch never wraps: a parent's recorded value seen again after a wrap would vouch
+ * for ancestors cancelled meanwhile. It stops at its largest value (all epoch bits set:
+ * after 2^44 forwards on 64-bit targets, about a million on 32-bit ones), which is never
+ * quiet: from then on every handler's claim looks at its ancestors, slower but exact.
+ */
+static inline bool pc_forwarding_is_quiet(uintptr_t word) {
+    return (word & PC_FORWARDING_ACTIVE_MASK) == 0
+        && (word & ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK) != ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
+}
 
 /* Before a forwarded cancel sets PC_TREE_CANCEL_PUBLISHED. Full barrier. */
 void pc_forwarding_begin(void);
