@@ -41,6 +41,10 @@ extension AnyPromise {
     @inlinable
     final var publishedTag: UInt { UInt(pc_state(corePointer)) }
 
+    /// `publishedTag` for the in-flight half of the Dekker pairing with the publisher
+    /// (`holdPathWhileInFlight`): see `pc_holds_after_publish`.
+    final var publishedTagAfterHold: UInt { UInt(pc_state_after_hold(corePointer)) }
+
     /// Whether observers are queued and not yet handed out (a snapshot, for descriptions).
     final var hasWaitingObservers: Bool { pc_has_waiting_observers(corePointer) }
 
@@ -135,7 +139,7 @@ extension AnyPromise {
         // In flight after all: it went in flight while we published (see
         // `holdPathWhileInFlight`; one of the two drops the hold), or the hint read was
         // stale. Not having watched, keep the path until the cascade ends, to be safe.
-        if holdsWord & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
+        if pc_holds_after_publish(lineageCore) & UInt(PC_HOLDS_SELF) != 0 { leaveFlight(firedInlineChildren: true) }
     }
 
     /// For whoever holds a derived promise and is about to settle it (`fulfill`, `reject`):

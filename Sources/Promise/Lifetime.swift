@@ -216,8 +216,8 @@ extension AnyPromise {
         guard holdsItsParentInFlight else { return }
         AnyPromise.addHold(UInt(PC_HOLDS_SELF), to: self)
         // Settled before the publisher could see SELF: one of us drops it (Dekker, see
-        // `pc_holds_add`).
-        if !isPending { dropSelfHold() }
+        // `pc_holds_after_publish`).
+        if publishedTagAfterHold != UInt(PC_PENDING) { dropSelfHold() }
     }
 
     /// Drops this promise's own hold, if it still has it.

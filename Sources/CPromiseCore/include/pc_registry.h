@@ -114,6 +114,25 @@ static inline uintptr_t pc_holds(const pc_lineage *_Nonnull lineage) {
 }
 
 /*
+ * The two loads of the Dekker pairing between a promise going in flight and its publisher:
+ * the in-flight side adds PC_HOLDS_SELF (pc_holds_add, full), then loads the state; the
+ * publisher publishes (pc_publish's full CAS), then loads the holds word. At least one of
+ * them must see the other's write, or neither drops SELF and the path stays held.
+ *
+ * seq_cst, not acquire: on ARMv8.3 and later (Apple silicon) an acquire load may compile
+ * to LDAPR, which may be satisfied before the release store of the preceding atomic
+ * read-modify-write is visible (libatomic_ops' generic _full CAS is acq_rel); a seq_cst
+ * load (LDAR) may not. On x86 both are a plain load after a locked instruction.
+ */
+static inline uintptr_t pc_holds_after_publish(const pc_lineage *_Nonnull lineage) {
+    return __atomic_load_n(&lineage->holds, __ATOMIC_SEQ_CST);
+}
+
+static inline uintptr_t pc_state_after_hold(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->state, __ATOMIC_SEQ_CST) & PC_OUTCOME_MASK;
+}
+
+/*
  * Whether PC_HOLDS_SELF is set, as a hint. Relaxed, and inline: the publisher of every
  * promise that may hold asks before it publishes, to watch what its publish fires; it
  * reads pc_holds after pc_publish in any case (the Dekker pairing with pc_holds_add), and
