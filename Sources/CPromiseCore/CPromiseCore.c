@@ -632,14 +632,23 @@ void pc_forwarding_end(void) {
     /* No ordering: a first guess for the CAS below, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&pc_forwarding_word));
     for (;;) {
-        /* One update both ends this forward (-1) and advances the epoch (+EPOCH_ONE),
-         * unless it is at its largest value, where it stays (see pc_forwarding_is_quiet). */
-        uintptr_t epoch_bits = seen & ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
-        uintptr_t advance = epoch_bits == ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK ? 0 : PC_FORWARDING_EPOCH_ONE;
+        /* One update both ends this forward (-1) and advances the epoch (+EPOCH_ONE).
+         * At the largest epoch it stays, and the end that reached it keeps its count of
+         * one in progress for good (see pc_forwarding_is_quiet). */
+        const uintptr_t largest = ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
+        uintptr_t epoch_bits = seen & largest;
+        uintptr_t next;
+        if (epoch_bits == largest) {
+            next = seen - 1u; /* the count kept for good is another end's */
+        } else if (epoch_bits == largest - PC_FORWARDING_EPOCH_ONE) {
+            next = seen + PC_FORWARDING_EPOCH_ONE; /* this end's count stays */
+        } else {
+            next = seen - 1u + PC_FORWARDING_EPOCH_ONE;
+        }
         /* full: release publishes the PUBLISHED bit (and the reason before it) to a reader
          * whose acquire load in pc_forwarding_epoch sees the new word. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&pc_forwarding_word), (AO_t)seen, (AO_t)(seen - 1u + advance));
+            PC_WORD(&pc_forwarding_word), (AO_t)seen, (AO_t)next);
         if (was == seen) {
             return;
         }

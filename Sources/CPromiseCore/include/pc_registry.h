@@ -169,13 +169,14 @@ static inline bool pc_holds_self_hint(const pc_lineage *_Nonnull lineage) {
 
 /*
  * The epoch never wraps: a parent's recorded value seen again after a wrap would vouch
- * for ancestors cancelled meanwhile. It stops at its largest value (all epoch bits set:
- * after 2^44 forwards on 64-bit targets, about a million on 32-bit ones), which is never
- * quiet: from then on every handler's claim looks at its ancestors, slower but exact.
+ * for ancestors cancelled meanwhile. The end that brings it to its largest value (all
+ * epoch bits set: after 2^44 forwards on 64-bit targets, about a million on 32-bit ones)
+ * leaves its count of one in progress in place for good, so the word is never quiet
+ * again and every handler's claim from then on looks at its ancestors: slower, but exact.
+ * Readers pay nothing for it: quiet is still "no forward in progress".
  */
 static inline bool pc_forwarding_is_quiet(uintptr_t word) {
-    return (word & PC_FORWARDING_ACTIVE_MASK) == 0
-        && (word & ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK) != ~(uintptr_t)PC_FORWARDING_ACTIVE_MASK;
+    return (word & PC_FORWARDING_ACTIVE_MASK) == 0;
 }
 
 /* Before a forwarded cancel sets PC_TREE_CANCEL_PUBLISHED. Full barrier. */
