@@ -170,7 +170,8 @@ extension AnyPromise {
     /// It is a give-up too, as a cancel's own claim is (`leavePendingSources`): a child
     /// that follows a promise and takes on its cancel never takes an outcome from its
     /// parent, so it tells a parent still pending that an observer gave up. (A `timeout`
-    /// child's parent is the receiver it adopted from, settled already.)
+    /// child's node is not on its parent's list: there the give-up only brings the
+    /// parent's next prune forward.)
     @usableFromInline
     final func passOnAdoptedCancel() {
         guard publishedTag == UInt(PC_CANCELLED) else { return }

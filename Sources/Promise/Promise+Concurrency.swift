@@ -21,15 +21,22 @@ extension Promise {
         line: UInt = #line
     ) {
         self.init(file: file, line: line)
+        // Whichever comes first: the Task settling the promise, or the promise settling
+        // otherwise (then the hook cancels the Task). The Task is never cancelled by its
+        // own settle, whose `.immediate` handlers run inside it.
+        let first = RunOnce()
         let task = Task { [self] in
             do {
-                self.fulfill(try await work())
+                let value = try await work()
+                _ = first.claim()
+                self.fulfill(value)
             } catch {
+                _ = first.claim()
                 self.reject(error)
             }
         }
         // On any outcome, and no reader of its error (an unread rejection is reported).
-        OutcomeHook { _ in task.cancel() }.register(on: self)
+        OutcomeHook { _ in if first.claim() { task.cancel() } }.register(on: self)
     }
 
     /// The value, awaited without blocking a thread; throws the promise's error (a

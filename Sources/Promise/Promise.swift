@@ -113,9 +113,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// let digest = Promise<String>(on: .default) { try sha256(of: file) }
     /// ```
     ///
-    /// A cancel before the work starts skips it (the work is what the promise owns). A
-    /// promise settled otherwise first (its holder fulfilled it, say) still runs it, for
-    /// its side effects, and ignores its result.
+    /// A cancel that settles the promise before the work starts skips it (the work is
+    /// what the promise owns). A promise settled otherwise first (its holder fulfilled it,
+    /// say) still runs it, for its side effects, and ignores its result.
     public convenience init(
         on context: any ExecutionContext,
         _ work: @escaping @Sendable () throws -> Value,

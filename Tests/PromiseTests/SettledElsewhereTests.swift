@@ -99,6 +99,22 @@ final class SettledElsewhereTests: XCTestCase {
         }, "a Task-backed rejection nobody reads must still be reported")
     }
 
+    /// The Task's own settle does not cancel it: the `.immediate` handlers its settle runs
+    /// run inside it, and a cancellable one (`Task.checkCancellation`) must not fail.
+    func testATaskBackedPromiseSettledByItsTaskDoesNotCancelIt() throws {
+        let gate = Promise<Void>()
+        let promise = Promise<Int> { try await gate.value; return 1 }
+        let cancelledInside = Recorder<Bool>()
+        promise.whenComplete(on: .immediate) { _ in cancelledInside.append(Task.isCancelled) }
+        let parsed = promise.then(on: .immediate) { value -> Int in
+            try Task.checkCancellation()
+            return value + 1
+        }
+        gate.fulfill(())
+        XCTAssertEqual(try parsed.wait(timeout: .seconds(testTimeoutSeconds)), 2)
+        XCTAssertEqual(cancelledInside.values, [false])
+    }
+
     /// `Promise(on:)` skips its work only for a cancel; a promise its holder settled first
     /// still runs the work, whose result is ignored.
     func testPromiseOnAContextRunsItsWorkUnlessCancelled() throws {
