@@ -530,4 +530,23 @@ final class CancellationTests: XCTestCase {
         XCTAssertEqual(try reply.wait(), 7, "the handler settled it first")
     }
 
+    /// What a cancel claims it settles at once, inside a handler too: a settled promise's
+    /// descendant in flight (its handler queued) is cancelled before `cancel` returns.
+    func testACancelOfASettledPromiseInsideAnImmediateHandlerReachesItsQueuedChildAtOnce() {
+        let queue = heldQueue()
+        let request = Promise(value: 1)
+        let reply = request.then(on: queue) { $0 }
+        let seen = Recorder<Bool>()
+        let trigger = Promise<Int>()
+        trigger.whenComplete(on: .immediate) { _ in
+            request.cancel()
+            seen.append(reply.isCancelled)
+            seen.append(reply.fulfill(7))
+        }
+        trigger.fulfill(0)
+        queue.resume()
+        queue.sync {}
+        XCTAssertEqual(seen.values, [true, false])
+    }
+
 }
