@@ -49,6 +49,12 @@ extension AnyPromise {
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
             if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append((followee, reason)) }
             leavePendingSources(claimedFrom: from)
+        } else if isClaimedAsCancel && !isCancelled {
+            // Another cancel claimed this promise and has not published yet. Every promise
+            // claimed as cancelled walks its registry once published (its own `cancelOne`,
+            // or `passOnAdoptedCancel` after an adopted or turned claim), with its reason:
+            // forwarding ours through it now would hand ours to some descendants.
+            return
         } else if !isCancelled, setTreeFlag(TreeFlag.cancelClaimed) {
             // Settled otherwise: remember the reason for descendants still to come. The
             // epoch brackets the bit so that descendants in no registry (a handler already
@@ -159,13 +165,13 @@ extension AnyPromise {
     }
 
     /// After the publish of an outcome adopted from another promise (a followee's, or a
-    /// `timeout` child's receiver's): if it is a cancel, passes it on as `cancel` does,
-    /// whose claim then fails and which walks the registry (`cancelOne`). That is where the
-    /// children that left this promise's list while it was pending wait
-    /// (`leavePendingParent`): the publish, which fires the list, does not reach them. A
-    /// cancel that reaches a promise any other way walks its registry already: its own
-    /// `cancel`, or that of the ancestor a handler's claim found cancelled, below which a
-    /// child's leave linked the promise.
+    /// `timeout` child's receiver's), or of a claim turned into a cancel (a handler's child
+    /// that found an ancestor cancelled): if it is a cancel, passes it on as `cancel`
+    /// does, whose claim then fails and which walks the registry (`cancelOne`). That is
+    /// where the children that left this promise's list while it was pending wait
+    /// (`leavePendingParent`): the publish, which fires the list, does not reach them. So
+    /// every promise claimed as cancelled walks its registry once published, and a cancel
+    /// that meets the claim before the publish can leave the walk to it.
     ///
     /// It is a give-up too, as a cancel's own claim is (`leavePendingSources`): a child
     /// that follows a promise and takes on its cancel never takes an outcome from its

@@ -57,6 +57,7 @@ extension AnyPromise {
             stored = true
         }
         publishClaimedOutcome()
+        if !stored { passOnAdoptedCancel() }
         return stored
     }
 
@@ -87,7 +88,10 @@ extension AnyPromise {
     }
 
     /// Turns the outcome this thread claimed (not yet published) into a cancel with
-    /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail.
+    /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail. The caller
+    /// passes the cancel on after its publish (`passOnAdoptedCancel`), as every promise
+    /// claimed as cancelled does: a cancel that finds the claim before the publish leaves
+    /// the registry walk to it (`cancelOne`).
     @usableFromInline
     final func turnClaimIntoCancel(from claimed: UInt32, reason: any Error) {
         let moved = claim(from: claimed, to: PC_CANCELLED)
@@ -117,6 +121,7 @@ extension Promise {
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
             publishClaimedOutcome()
+            passOnAdoptedCancel()
             return
         }
         storeValue(value)
