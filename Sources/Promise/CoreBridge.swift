@@ -671,6 +671,9 @@ enum ForwardingEpoch {
     static func end() { pc_forwarding_end() }
     /// Read after the claim CAS (acquire).
     static var current: UInt { pc_forwarding_epoch() }
+    /// No forward in progress (never again once the epoch reached its end): see
+    /// `pc_forwarding_is_quiet`.
+    static func isQuiet(_ word: UInt) -> Bool { pc_forwarding_is_quiet(word) }
 }
 
 /// The locked word of the diagnostics handler (`pc_diagnostics_word`): 0, or a retained

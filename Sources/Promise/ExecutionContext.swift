@@ -27,10 +27,12 @@ public protocol ExecutionContext: Sendable {
     func execute(_ work: @escaping @Sendable () -> Void)
 }
 
-/// A one-shot flag for work handed to a context the user gave, which must run it once but
-/// may run it twice, one run after the other or both at once (a contract broken): `claim`
-/// is true for the first run only (one CAS). For work that has no one-shot state of its own
-/// to take (a handler's hold on its parent, an observer's source).
+/// A one-shot flag: `claim` is true for the first caller only (one CAS). For work handed
+/// to a context the user gave, which must run it once but may run it twice, one run after
+/// the other or both at once (a contract broken), when the work has no one-shot state of
+/// its own to take (a handler's hold on its parent, an observer's source); and for two
+/// parties that race to be first (a Task settling its promise, and the hook that cancels
+/// the Task when the promise settles otherwise).
 final class RunOnce: @unchecked Sendable {
     // First stored property: `claim` addresses it as the election's word.
     private var claimed: UInt = 0

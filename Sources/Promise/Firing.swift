@@ -142,7 +142,7 @@ extension AnyPromise {
         case .following:
             role = .idle
             publishClaimedOutcome()
-            passOnAdoptedCancel()
+            passOnClaimedCancel()
             return false
         case .idle:
             preconditionFailure("CPromiseCore deferred an idle node")

@@ -169,7 +169,7 @@ extension AnyPromise {
             PromiseDiagnostics.report(.cycle, for: self)
         }
         publishOutcomeFromHolder(keeping: kept)
-        passOnAdoptedCancel()  // if it turned into a cancel
+        passOnClaimedCancel()  // if it turned into a cancel
     }
 }
 

@@ -29,7 +29,7 @@ import CPromiseCore
 //   after which the parent's fire does not see it: a cancel reaches it through the
 //   parent's registry, which `cancelOne` walks even when it finds the parent cancelled
 //   already, and a parent that adopts a cancel from a promise it followed passes on
-//   (`passOnAdoptedCancel`).
+//   (`passOnClaimedCancel`).
 
 extension AnyPromise {
     /// In a cascade of handlers run inline by one settling call (`.immediate` children

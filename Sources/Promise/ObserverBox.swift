@@ -203,7 +203,7 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         }
         target.copyOutcome(from: source, tag: tag)
         target.publishOutcomeFromHolder(keeping: parent)
-        target.passOnAdoptedCancel()
+        target.passOnClaimedCancel()
     }
 }
 

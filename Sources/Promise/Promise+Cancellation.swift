@@ -52,7 +52,7 @@ extension AnyPromise {
         } else if isClaimedAsCancel && !isCancelled {
             // Another cancel claimed this promise and has not published yet. Every promise
             // claimed as cancelled walks its registry once published (its own `cancelOne`,
-            // or `passOnAdoptedCancel` after an adopted or turned claim), with its reason:
+            // or `passOnClaimedCancel` after an adopted or turned claim), with its reason:
             // forwarding ours through it now would hand ours to some descendants.
             return
         } else if !isCancelled, setTreeFlag(TreeFlag.cancelClaimed) {
@@ -71,7 +71,7 @@ extension AnyPromise {
         }
         // A combinator's output owns its inputs' work: the cancel reaches those still
         // pending, however the output ended cancelled (its own claim above, or a cancel it
-        // adopted, passed on by `passOnAdoptedCancel`). Then the aggregator lets go of
+        // adopted, passed on by `passOnClaimedCancel`). Then the aggregator lets go of
         // what it kept. A second cancel finds the inputs cancelled already.
         if isRoot, publishedTag == UInt(PC_CANCELLED), let aggregator = aggregatorIfAlive {
             // With the output's own reason: a canceller whose claim lost passes that on.
@@ -179,7 +179,7 @@ extension AnyPromise {
     /// child's node is not on its parent's list: there the give-up only brings the
     /// parent's next prune forward.)
     @usableFromInline
-    final func passOnAdoptedCancel() {
+    final func passOnClaimedCancel() {
         guard publishedTag == UInt(PC_CANCELLED) else { return }
         if let parent = parentAddress { AnyPromise.observerGaveUp(onPromiseAt: parent) }
         cancel(reason: failureOrCancellation)
@@ -232,7 +232,7 @@ extension AnyPromise {
     final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = ForwardingEpoch.current
-        let quiet = pc_forwarding_is_quiet(epoch)
+        let quiet = ForwardingEpoch.isQuiet(epoch)
         // The common case, without touching reference counts (the caller holds the
         // parent): no cancel on the parent, and it verified this epoch.
         let reason = !parent.carriesCancelForDescendants && AnyPromise.covers(parent, epoch: epoch, quiet: quiet)

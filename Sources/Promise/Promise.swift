@@ -152,7 +152,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return }
         fillClaimedOutcome(tag, copying: source, lookingAbove: parent)
         publishClaimedOutcome()
-        passOnAdoptedCancel()
+        passOnClaimedCancel()
     }
 
     // MARK: Resolver side

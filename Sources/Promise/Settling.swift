@@ -57,7 +57,7 @@ extension AnyPromise {
             stored = true
         }
         publishClaimedOutcome()
-        if !stored { passOnAdoptedCancel() }
+        if !stored { passOnClaimedCancel() }
         return stored
     }
 
@@ -89,7 +89,7 @@ extension AnyPromise {
 
     /// Turns the outcome this thread claimed (not yet published) into a cancel with
     /// `reason`. Nobody else moves a claimed outcome, so the CAS cannot fail. The caller
-    /// passes the cancel on after its publish (`passOnAdoptedCancel`), as every promise
+    /// passes the cancel on after its publish (`passOnClaimedCancel`), as every promise
     /// claimed as cancelled does: a cancel that finds the claim before the publish leaves
     /// the registry walk to it (`cancelOne`).
     @usableFromInline
@@ -121,7 +121,7 @@ extension Promise {
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_FULFILLED, reason: reason)
             publishClaimedOutcome()
-            passOnAdoptedCancel()
+            passOnClaimedCancel()
             return
         }
         storeValue(value)

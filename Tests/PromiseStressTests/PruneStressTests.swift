@@ -204,7 +204,7 @@ extension PruneStressTests {
             let root = Promise<Int>()
             // A derived parent (settles keep it: `publishKeepingParent`), a root one
             // (`leaveParentIfPending`), or a root that follows `root` with `resolve(with:)`
-            // (it adopts the root's cancel, and passes it on: `passOnAdoptedCancel`).
+            // (it adopts the root's cancel, and passes it on: `passOnClaimedCancel`).
             let parent: Promise<Int>
             switch round % 3 {
             case 0: parent = root.then(on: .immediate) { $0 }
