@@ -14,7 +14,8 @@ extension Promise {
     ///
     /// A promise settled otherwise first (its holder fulfilled it, say) cancels the Task
     /// too: its result would be ignored, and a Task left waiting (on a long-lived promise,
-    /// say) would keep the promise and its value for as long as it waits.
+    /// say) would keep the promise and its value for as long as it waits. One locked in to
+    /// follow another promise (`resolve(with:)`) keeps its Task until that one settles it.
     public convenience init(
         _ work: @escaping @Sendable () async throws -> Value,
         file: StaticString = #fileID,
