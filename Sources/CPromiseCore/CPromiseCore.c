@@ -626,11 +626,12 @@ void pc_forwarding_begin(void) {
 }
 
 void pc_forwarding_end(void) {
-    if (((uintptr_t)AO_load(PC_WORD(&pc_forwarding_word)) & PC_FORWARDING_ACTIVE_MASK) == 0) {
-        pc_die("pc_forwarding_end", "no forward in progress", 0);
-    } /* No ordering on that load: a sanity check of this thread's own begin. */
-    /* No ordering: a first guess for the CAS below, which validates it. */
+    /* No ordering: a sanity check of this thread's own begin, and a first guess for the
+     * CAS below, which validates it. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&pc_forwarding_word));
+    if ((seen & PC_FORWARDING_ACTIVE_MASK) == 0) {
+        pc_die("pc_forwarding_end", "no forward in progress", 0);
+    }
     for (;;) {
         /* One update both ends this forward (-1) and advances the epoch (+EPOCH_ONE).
          * At the largest epoch it stays, and the end that reached it keeps its count of
