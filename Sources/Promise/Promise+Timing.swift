@@ -23,30 +23,26 @@ extension Duration {
 /// first. `cancel` is thread-safe.
 ///
 /// Two kinds, one behaviour. By default (`after`, `delay`, `timeout` and `retry` without a
-/// `clock:`) a `DispatchWorkItem` on a global queue, as before clocks could be passed: that
-/// path costs what it always did. With a `clock:`, a Task that sleeps on that clock (so a
-/// test's manual clock drives it without sleeping), and whose cancel ends the sleep.
+/// `clock:`) an entry on the library's Dispatch timer heap (`TimerHeap`), whose cancel
+/// takes it off the heap, with `work`, at once. With a `clock:`, a Task that sleeps on that
+/// clock (so a test's manual clock drives it without sleeping), and whose cancel ends the
+/// sleep; PromiseNIO's `timeout(_:on:)` schedules on an event loop, which takes its task
+/// back too.
 ///
-/// `work` (and what it captures: the promise to settle, `delay`'s value) sits in a box
-/// that the first of the deadline and `cancel` empties, elected with one CAS (`pc_once`),
-/// so a cancel lets go of it at once. A cancelled `DispatchWorkItem` keeps its block until
-/// the deadline: a block that captured the promise would keep a settled `timeout` or
-/// `delay` output, and its value, alive that long. The block here holds only the box.
-/// (It still wakes a thread at the deadline to find nothing to do: Dispatch cannot take a
-/// scheduled block back. PromiseNIO's `timeout(_:on:)` schedules on an event loop, which
-/// can; so does a clock's Task, which a cancel wakes at once.)
-struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Sendable on Linux
+/// In the last two, `work` (and what it captures: the promise to settle, `delay`'s value)
+/// sits in a box that the first of the deadline and `cancel` empties, elected with one CAS
+/// (`pc_once`), so a cancel lets go of it before the Task or the loop's task ends.
+struct PromiseTimer: Sendable {
     private enum Handle {
-        case dispatch(DispatchWorkItem)
-        case task(Task<Void, Never>)
+        case dispatch(TimerHeap.Entry)
+        case task(Task<Void, Never>, TimerWork)
         /// Scheduled by the caller (PromiseNIO: a task on an event loop); cancels it.
-        case scheduled(@Sendable () -> Void)
+        case scheduled(@Sendable () -> Void, TimerWork)
         /// An interval past `horizon`: nothing is scheduled, and `work` is not kept.
         case never
     }
 
     private let handle: Handle
-    private let box: TimerWork
 
     /// The longest interval a timer counts down: a hundred years (of 365.25 days). A longer
     /// one never elapses: no timer is set, so `timeout(.seconds(Int64.max))` means "no
@@ -60,22 +56,18 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
             self = .never
             return
         }
-        let box = TimerWork(work)
-        let item = DispatchWorkItem { box.take()?() }
-        self.init(handle: .dispatch(item), box: box)
-        DispatchQueue.global().asyncAfter(deadline: interval.dispatchDeadline, execute: item)
+        self.init(handle: .dispatch(TimerHeap.shared.schedule(at: interval.dispatchDeadline, work)))
     }
 
-    private init(handle: Handle, box: TimerWork) {
+    private init(handle: Handle) {
         self.handle = handle
-        self.box = box
     }
 
     /// A timer that never fires. Nothing will ever run its work: keeping it would keep
     /// what it captures (the promise the timer settles, which holds the timer: a cycle),
     /// so a promise whose only resolver is this timer dies when its holder lets go, and
     /// breaks.
-    private static var never: PromiseTimer { PromiseTimer(handle: .never, box: TimerWork(nil)) }
+    private static var never: PromiseTimer { PromiseTimer(handle: .never) }
 
     /// On `clock`: `work` runs once `clock` reaches `deadline` (at once if it has). A
     /// deadline more than `horizon` away never comes, as on Dispatch (the clock's own
@@ -93,7 +85,7 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
                 return  // cancelled: the box was emptied by `cancel`
             }
             box.take()?()
-        }), box: box)
+        }, box))
     }
 
     /// On `clock`: `work` runs once `interval` has passed on it, counted from now.
@@ -117,21 +109,27 @@ struct PromiseTimer: @unchecked Sendable {  // DispatchWorkItem is not marked Se
             return
         }
         let box = TimerWork(work)
-        self.init(handle: .scheduled(schedule(max(interval, .zero)) { box.take()?() }), box: box)
+        self.init(handle: .scheduled(schedule(max(interval, .zero)) { box.take()?() }, box))
     }
 
     func cancel() {
         switch handle {
-        case .dispatch(let item): item.cancel()
-        case .task(let task): task.cancel()
-        case .scheduled(let cancel): cancel()
-        case .never: break
+        case .dispatch(let entry):
+            TimerHeap.shared.cancel(entry)
+        case .task(let task, let box):
+            task.cancel()
+            _ = box.take()
+        case .scheduled(let cancel, let box):
+            cancel()
+            _ = box.take()
+        case .never:
+            break
         }
-        _ = box.take()
     }
 }
 
-/// The box of a `PromiseTimer`: its work until the first `take`, nil after it.
+/// The box of a clock's or a caller's `PromiseTimer`: its work until the first `take`, nil
+/// after it.
 /// `@unchecked Sendable`: `work` is written by the initialiser, before the box is shared,
 /// and after that only by the one caller the election lets through.
 private final class TimerWork: @unchecked Sendable {
@@ -139,7 +137,7 @@ private final class TimerWork: @unchecked Sendable {
     private var taken: UInt = 0
     private var work: (@Sendable () -> Void)?
 
-    init(_ work: (@Sendable () -> Void)?) {
+    init(_ work: @escaping @Sendable () -> Void) {
         self.work = work
     }
 

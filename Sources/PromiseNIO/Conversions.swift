@@ -122,11 +122,11 @@ extension Promise {
     /// receiver alone (when it settles, the task's cancel reaches the shut-down loop, which
     /// NIO logs as an error). Do not call this on a loop that has shut down already: NIO drops
     /// the task without failing its promise, and its debug builds trap on that leaked
-    /// promise. What this saves on a server: the library's own `timeout(_:)` uses a
-    /// Dispatch timer, whose cancelled block still waits for its deadline and then wakes
-    /// a thread to do nothing; here a request answered in a millisecond leaves nothing
-    /// behind. The timeout's rejection runs on the loop, so `.immediate` handlers of the
-    /// child run there when it times out.
+    /// promise. What this saves on a server: the library's own `timeout(_:)` sets its
+    /// timer on the library's Dispatch timer heap, guarded by one queue that every loop
+    /// shares, and fires it on a global queue; here the timer stays on the loop (a request
+    /// answered in a millisecond leaves nothing behind either way). The timeout's rejection
+    /// runs on the loop, so `.immediate` handlers of the child run there when it times out.
     public func timeout(_ interval: Duration, on eventLoop: any EventLoop) -> Promise<Value> {
         timeout(interval) { interval, fire in
             let task = eventLoop.scheduleTask(in: TimeAmount(interval)) { fire() }

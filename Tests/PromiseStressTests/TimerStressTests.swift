@@ -1,10 +1,11 @@
 // Timers racing what makes them unneeded: a `timeout` whose deadline (0 to 1 ms) lands
 // while another thread fulfils or cancels the source, and a `delay` cancelled as its timer
-// fires. The deadline and the cancel elect, with one CAS, which of them empties the
-// timer's box; whichever wins, the output settles exactly once, with an outcome one of
-// them could give, and nothing is left alive afterwards. Every other round the deadline is
-// a minute away, so the settle or cancel must win and the outputs must be freed at once,
-// not at the deadline. Run under TSan by `make tsan`.
+// fires. The timer heap decides which of the deadline and the cancel comes first;
+// whichever wins, the output settles exactly once, with an outcome one of them could
+// give, and nothing is left alive afterwards. Every other round the deadline is a minute
+// away, so the settle or cancel must win and the outputs must be freed at once, not at the
+// deadline. And timeouts an hour long, settled at once round after round, keep no memory
+// until their deadlines: the resident set stays flat. Run under TSan by `make tsan`.
 import Dispatch
 import Foundation
 import Promise
@@ -72,6 +73,45 @@ final class TimerStressTests: XCTestCase {
                 return false
             }
             checker.check(freed, "an output outlived its settling and its timer")
+            return true
+        }
+    }
+
+    /// Two hundred timeouts an hour long per round, on sources fulfilled at once: each
+    /// timer is cancelled as its output settles and must leave nothing behind. With one
+    /// `asyncAfter` per timer, Dispatch kept each cancelled item, about 650 bytes, until
+    /// its deadline: the resident set grew by that much per timer, round after round.
+    func testCancelledTimersKeepNoMemoryUntilTheirDeadlines() {
+        let perRound = 200
+        let warmup = max(3, min(100, StressConfiguration.iterations / 10))
+        let growthLimit = StressConfiguration.rssGrowthLimitMiB << 20
+        var baseline = 0, peak = 0, timers = 0
+        let mib = { (bytes: Int) in String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
+        XCTAssertNotNil(residentSetBytes(), "cannot read /proc/self/statm")
+
+        runStressRounds("cancelled timers", invariants: [
+            "every output passes its source's value through",
+            "resident set within the growth limit of its post-warm-up level",
+        ], details: {
+            "\(timers) timers set and cancelled; resident set after warm-up \(mib(baseline)), peak \(mib(peak)) "
+                + "(limit: warm-up level + \(StressConfiguration.rssGrowthLimitMiB) MiB)"
+        }) { checker in
+            let round = checker.round
+            for _ in 0..<perRound {
+                let source = Promise<Int>()
+                let output = source.timeout(.seconds(3_600))
+                source.fulfill(round)
+                checker.check(output.isFulfilled, "a timeout output was left \(output.state)")
+            }
+            timers += perRound
+            guard let rss = residentSetBytes() else { return true }
+            if round + 1 == warmup { baseline = rss }
+            if round + 1 > warmup {
+                peak = max(peak, rss)
+                checker.check(rss <= baseline + growthLimit,
+                              "resident set \(mib(rss)) grew more than \(StressConfiguration.rssGrowthLimitMiB) MiB "
+                                  + "over its post-warm-up level \(mib(baseline)) after \(timers) cancelled timers")
+            }
             return true
         }
     }

@@ -244,7 +244,7 @@ final class AdversarialHoldTests: XCTestCase {
             let mid = root.then(on: .immediate) { $0 }
             let d1 = mid.delay(.milliseconds(20))
             let d2 = mid.delay(.milliseconds(20))
-            let d3 = mid.delay(.milliseconds(300))  // a cancelled delay child lives until its deadline (DispatchWorkItem keeps its block)
+            let d3 = mid.delay(.milliseconds(300))  // cancelled below while its timer runs
             let d4 = mid.delay(.milliseconds(5)).then(on: .immediate) { v -> BigValue in throw CountedError(4) }
             boxes = [WeakBox(root), WeakBox(mid), WeakBox(d1), WeakBox(d2), WeakBox(d3), WeakBox(d4)]
             root.fulfill(BigValue(ref: CountedRef()))

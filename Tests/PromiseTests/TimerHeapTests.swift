@@ -1,0 +1,149 @@
+import Dispatch
+import Foundation
+import XCTest
+@testable import Promise
+
+/// The library's Dispatch timer heap: every timer not cancelled runs once, never before its
+/// deadline; a cancelled one never runs and leaves the heap at once, with its work; the
+/// heap's queue never waits on itself, whatever a work does or frees.
+final class TimerHeapTests: XCTestCase {
+    private var heap: TimerHeap { TimerHeap.shared }
+
+    /// A random mix of deadlines (some equal, some past) with a random half cancelled: a
+    /// heap that took the wrong entry off (a cancel, or a fire) runs a cancelled timer,
+    /// loses a live one, or runs one early.
+    func testEveryTimerNotCancelledRunsOnceAndNoneEarly() {
+        var random = SystemRandomNumberGenerator()
+        let count = 2_000
+        let runs = (0..<count).map { _ in Counter() }
+        let early = Counter()
+        let done = Countdown(count)  // one per timer: its run, or the cancel that stopped it
+        var entries: [TimerHeap.Entry] = []
+        var stopped = Set<Int>()
+        for i in 0..<count {
+            let delay = UInt64.random(in: 0...40, using: &random) * 1_000_000
+            let deadline = DispatchTime(uptimeNanoseconds: DispatchTime.now().uptimeNanoseconds + delay)
+            entries.append(heap.schedule(at: deadline) {
+                if DispatchTime.now() < deadline { early.increment() }
+                runs[i].increment()
+                done.countDown()
+            })
+        }
+        for i in 0..<count where Bool.random(using: &random) {
+            // A cancel that comes after its timer fired changes nothing: that one runs.
+            if heap.cancel(entries[i]) {
+                stopped.insert(i)
+                done.countDown()
+            }
+        }
+        XCTAssertTrue(done.wait(), "a timer not cancelled never ran")
+        XCTAssertEqual(done.overshoot, 0, "a timer ran twice, or a cancelled one ran")
+        for i in 0..<count {
+            XCTAssertEqual(runs[i].value, stopped.contains(i) ? 0 : 1, "timer \(i)")
+        }
+        XCTAssertEqual(early.value, 0, "a timer ran before its deadline")
+    }
+
+    /// Works due at once, cancelled by other threads as they fire: each runs, or its
+    /// cancel stops it, never both, never twice; and the heap ends without them.
+    func testCancelsRacingTheirDeadlinesRunEachWorkAtMostOnce() {
+        let count = 5_000
+        let start = heap.count
+        let done = Countdown(count)
+        let stopped = Counter()
+        let entries = (0..<count).map { _ in heap.schedule(at: .now()) { done.countDown() } }
+        DispatchQueue.concurrentPerform(iterations: 4) { part in
+            for i in stride(from: part, to: count, by: 4) where TimerHeap.shared.cancel(entries[i]) {
+                stopped.increment()
+                done.countDown()
+            }
+        }
+        for entry in entries {
+            XCTAssertFalse(heap.cancel(entry), "a second cancel took an entry off the heap")
+        }
+        XCTAssertEqual(heap.count, start)
+        XCTAssertTrue(done.wait(), "a timer neither ran nor was stopped")
+        XCTAssertEqual(done.overshoot, 0, "a work ran twice, or after its cancel won")
+    }
+
+    /// A cancel takes the entry off the heap and releases what its work captured at once,
+    /// an hour before its deadline.
+    func testCancelLetsGoOfTheWorkAtOnce() {
+        final class Captured: Sendable {}
+        weak var weakCaptured: Captured?
+        let start = heap.count
+        let entry: TimerHeap.Entry
+        do {
+            let captured = Captured()
+            weakCaptured = captured
+            entry = heap.schedule(at: .now() + .seconds(3_600)) { _ = captured }
+        }
+        XCTAssertEqual(heap.count, start + 1)
+        XCTAssertNotNil(weakCaptured)
+        heap.cancel(entry)
+        XCTAssertEqual(heap.count, start)
+        XCTAssertNil(weakCaptured, "a cancelled timer kept its work")
+    }
+
+    /// Freeing a cancelled work may run code that sets and cancels timers (a promise it
+    /// held is freed, its last observers run): the release happens outside the heap's
+    /// critical section, or this would wait on itself for ever.
+    func testAWorkFreedByItsCancelMaySetAndCancelTimers() {
+        final class SetsTimersWhenFreed: @unchecked Sendable {
+            let done = Flag()
+            deinit {
+                let other = TimerHeap.shared.schedule(at: .now() + .seconds(3_600)) {}
+                TimerHeap.shared.cancel(other)
+                done.set()
+            }
+        }
+        let finished = DispatchSemaphore(value: 0)
+        let done: Flag
+        do {
+            let freedLater = SetsTimersWhenFreed()
+            done = freedLater.done
+            let entry = heap.schedule(at: .now() + .seconds(3_600)) { _ = freedLater }
+            Thread.detachNewThread { [entry] in
+                TimerHeap.shared.cancel(entry)
+                finished.signal()
+            }
+        }
+        XCTAssertEqual(finished.wait(timeout: .now() + 10), .success, "the cancel never returned: the heap waited on itself")
+        XCTAssertTrue(done.isSet)
+    }
+
+    /// A work that runs sets and cancels timers of its own, as `retry` does from a pause.
+    func testAWorkThatRunsMaySetAndCancelTimers() {
+        let ran = Countdown(1)
+        _ = heap.schedule(at: .now()) {
+            let other = TimerHeap.shared.schedule(at: .now() + .seconds(3_600)) {}
+            TimerHeap.shared.cancel(other)
+            _ = TimerHeap.shared.schedule(at: .now()) { ran.countDown() }
+        }
+        XCTAssertTrue(ran.wait(), "a timer set by a timer's work never ran")
+    }
+
+    /// After a burst of timers, all cancelled, the heap's array gives its peak back.
+    func testTheHeapShrinksAfterABurst() {
+        let burst = (0..<20_000).map { _ in heap.schedule(at: .now() + .seconds(3_600)) {} }
+        XCTAssertGreaterThanOrEqual(heap.capacity, 20_000)
+        for entry in burst { heap.cancel(entry) }
+        XCTAssertLessThan(heap.capacity, 4_096, "the heap kept the capacity of its peak")
+    }
+
+    /// The timers the library sets through it: a settled `timeout` and a cancelled `after`
+    /// or `delay` leave nothing on the heap.
+    func testTimersOfSettledOrCancelledPromisesLeaveTheHeap() {
+        let start = heap.count
+        let source = Promise<Int>()
+        let timeouts = (0..<100).map { _ in source.timeout(.seconds(3_600)) }
+        let after = Promise.after(.seconds(3_600))
+        let delay = Promise(value: 1).delay(.seconds(3_600))
+        XCTAssertEqual(heap.count, start + 102)
+        source.fulfill(1)
+        after.cancel()
+        delay.cancel()
+        XCTAssertTrue(timeouts.allSatisfy(\.isFulfilled))
+        XCTAssertEqual(heap.count, start, "a timer outlived what it would settle")
+    }
+}
