@@ -699,7 +699,8 @@ func withWordLock<T>(_ word: UnsafeMutablePointer<UInt>, _ body: () -> T) -> T {
 }
 
 /// State guarded by a spin lock in one word (`withWordLock`), held for a few field updates
-/// and never around a call out: the step of a `retry`, a bounded fan-out. The lock word is
+/// and never around a call into user code: the step of a `retry`, a bounded fan-out, the
+/// timer heap (one heap operation, and re-arming its Dispatch source). The lock word is
 /// the object's first stored property, so its address needs no lookup; subclasses keep
 /// their fields behind it.
 class SpinLocked: @unchecked Sendable {
