@@ -138,7 +138,7 @@ def case_order(results):
     """Cases in the order of the suite (Cases.swift), as the run recorded them."""
     wanted = ["settle-one", "chain-1000", "fan-out-1000", "contended", "observe-settled:then",
               "observe-settled:whenComplete", "queue-hop", "async-bridge:settled",
-              "async-bridge:pending", "alloc:Promise()", "alloc:then", "alloc:then-1-ref",
+              "async-bridge:pending", "timeout:answered", "alloc:Promise()", "alloc:then", "alloc:then-1-ref",
               "alloc:then-2-captures", "alloc:whenComplete", "alloc:all-8-inputs"]
     known = [case for case in wanted if case in results]
     return known + [case for case in results if case not in wanted]

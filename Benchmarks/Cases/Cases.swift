@@ -66,7 +66,7 @@ public struct Case: Sendable {
 
 /// Every case and baseline, in report order.
 public let allCases: [Case] = settleOne + chain + fanOut + contended + observeSettled
-    + queueHop + asyncBridge + allocations
+    + queueHop + asyncBridge + timeoutAnswered + allocations
 
 // 1. settle-one: a pending promise, one observer, fulfilled.
 let settleOneOps = 10_000
@@ -308,7 +308,37 @@ let asyncBridge: [Case] = [
     }),
 ]
 
-// 7. allocations: what one call costs in mallocs (times are printed too).
+// 7. timeout:answered: a request's 30-second timeout, set and then cancelled because the
+// answer came first (a server's everyday case), against NIO's own idiom on its loop: a
+// scheduled task that would fail the promise, cancelled when the promise completes.
+let timeoutOps = 5_000
+
+struct BenchTimedOut: Error {}
+
+let timeoutAnswered: [Case] = [
+    Case("timeout:answered", "promise", ops: timeoutOps, .sync {
+        for i in 0..<timeoutOps {
+            let request = Promise<Int>()
+            let answer = request.timeout(.seconds(30))
+            request.fulfill(i)
+            sink(answer)
+        }
+    }),
+    Case("timeout:answered", "nio", ops: timeoutOps, .sync {
+        Loops.onLoop {
+            let loop = Loops.nio
+            for i in 0..<timeoutOps {
+                let request = loop.makePromise(of: Int.self)
+                let timer = loop.scheduleTask(in: .seconds(30)) { request.fail(BenchTimedOut()) }
+                request.futureResult.whenComplete { _ in timer.cancel() }
+                request.succeed(i)
+                sink(request.futureResult)
+            }
+        }
+    }),
+]
+
+// 8. allocations: what one call costs in mallocs (times are printed too).
 let allocOps = 10_000
 let allInputs = 8
 let allRounds = 1_000
