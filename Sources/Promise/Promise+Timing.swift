@@ -29,12 +29,15 @@ extension Duration {
 /// sleep; PromiseNIO's `timeout(_:on:)` schedules on an event loop, which takes its task
 /// back too.
 ///
-/// In the last two, `work` (and what it captures: the promise to settle, `delay`'s value)
-/// sits in a box that the first of the deadline and `cancel` empties, elected with one CAS
-/// (`pc_once`), so a cancel lets go of it before the Task or the loop's task ends.
+/// In the last two, and for a timer due at once, `work` (and what it captures: the promise
+/// to settle, `delay`'s value) sits in a box that the first of the deadline and `cancel`
+/// empties, elected with one CAS (`pc_once`), so a cancel lets go of it before the Task,
+/// the loop's task or the global queue's block ends.
 struct PromiseTimer: Sendable {
     private enum Handle {
         case dispatch(TimerHeap.Entry)
+        /// Due at once: sent straight to a global queue, with the box a cancel empties.
+        case sentAtOnce(TimerWork)
         case task(Task<Void, Never>, TimerWork)
         /// Scheduled by the caller (PromiseNIO: a task on an event loop); cancels it.
         case scheduled(@Sendable () -> Void, TimerWork)
@@ -54,6 +57,13 @@ struct PromiseTimer: Sendable {
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
         guard interval <= PromiseTimer.horizon else {
             self = .never
+            return
+        }
+        guard interval > .zero else {
+            // Due now (`after(.zero)`, `delay(.zero)`): the heap would only add a hop.
+            let box = TimerWork(work)
+            DispatchQueue.global().async { box.take()?() }
+            self.init(handle: .sentAtOnce(box))
             return
         }
         self.init(handle: .dispatch(TimerHeap.shared.schedule(at: interval.dispatchDeadline, work)))
@@ -116,6 +126,8 @@ struct PromiseTimer: Sendable {
         switch handle {
         case .dispatch(let entry):
             TimerHeap.shared.cancel(entry)
+        case .sentAtOnce(let box):
+            _ = box.take()
         case .task(let task, let box):
             task.cancel()
             _ = box.take()
@@ -128,8 +140,8 @@ struct PromiseTimer: Sendable {
     }
 }
 
-/// The box of a clock's or a caller's `PromiseTimer`: its work until the first `take`, nil
-/// after it.
+/// The box of a clock's, a caller's or a due-at-once `PromiseTimer`: its work until the first
+/// `take`, nil after it.
 /// `@unchecked Sendable`: `work` is written by the initialiser, before the box is shared,
 /// and after that only by the one caller the election lets through.
 private final class TimerWork: @unchecked Sendable {

@@ -47,18 +47,35 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
             self.work = work
         }
 
+        /// Runs the work of an entry the handler took off the heap, on a global queue, and
+        /// lets go of it there. Only this touches `work` once the entry is off the heap
+        /// (`index` -1: a cancel does nothing then).
+        fileprivate func run() {
+            let work = self.work
+            self.work = nil
+            work?()
+        }
+
         fileprivate func isEarlier(than other: Entry) -> Bool {
             (deadline, order) < (other.deadline, other.order)
         }
     }
 
-    private let source = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "Promise.timers"))
+    private let source = DispatchSource.makeTimerSource(queue: TimerHeap.queue)
+    /// The queue the source's handler runs on; `queueKey` marks it (for tests: no work is
+    /// released there).
+    private static let queue = DispatchQueue(label: "Promise.timers")
+    static let queueKey = DispatchSpecificKey<Bool>()
+    /// How many due entries the handler takes off per hold of the lock: a burst of timers
+    /// due together keeps cancels and new timers waiting for at most this many.
+    private static let fireBatch = 128
     private var entries: [Entry] = []  // a binary min-heap on (deadline, order)
     private var armedFor = DispatchTime.distantFuture  // when the source fires next; distantFuture: never
     private var setSoFar: UInt64 = 0
 
     private override init() {
         super.init()
+        TimerHeap.queue.setSpecific(key: TimerHeap.queueKey, value: true)
         // `shared` is never freed: the handler may refer to it unowned.
         source.setEventHandler { [unowned self] in self.fireDue() }
         source.activate()
@@ -98,23 +115,30 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     /// The heap array's capacity (for tests: it shrinks after a burst).
     var capacity: Int { withLock { entries.capacity } }
 
-    /// The source's handler: takes every due work off the heap and arms the source for the
-    /// next deadline, then sends the works to a global queue. The source may fire for a
-    /// timer cancelled meanwhile: what is not due yet stays.
+    /// How many times the array was shrunk (for tests: not on every remove).
+    private(set) var shrinks = 0
+
+    /// The source's handler: takes the due entries off the heap, a batch per hold of the
+    /// lock, and sends each to a global queue, which runs its work and lets go of it there
+    /// (dropping the last reference here would run a deinit on this queue); the last batch
+    /// arms the source for the next deadline. The source may fire for a timer cancelled
+    /// meanwhile: what is not due yet stays.
     private func fireDue() {
-        let due: [@Sendable () -> Void] = withLock {
-            armedFor = .distantFuture
-            let now = DispatchTime.now()
-            var due: [@Sendable () -> Void] = []
-            while let first = entries.first, first.deadline <= now {
-                remove(at: 0)
-                if let work = first.work { due.append(work) }
-                first.work = nil
+        var lastBatch = false
+        while !lastBatch {
+            var batch: [Entry] = []
+            withLock {
+                let now = DispatchTime.now()
+                while batch.count < TimerHeap.fireBatch, let first = entries.first, first.deadline <= now {
+                    remove(at: 0)
+                    batch.append(first)
+                }
+                guard batch.count < TimerHeap.fireBatch else { return }
+                lastBatch = true
+                if let first = entries.first { arm(at: first.deadline) } else { armedFor = .distantFuture }
             }
-            if let first = entries.first { arm(at: first.deadline) }
-            return due
+            for entry in batch { DispatchQueue.global().async { entry.run() } }
         }
-        for work in due { DispatchQueue.global().async(execute: work) }
     }
 
     // MARK: Under the lock
@@ -175,14 +199,16 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     }
 
     /// After a burst the array would keep its peak capacity: give most of it back once
-    /// under a quarter is in use (never below a small floor, so a steady load does not
-    /// reallocate back and forth).
+    /// under a quarter is in use. Never below a floor, and only from twice the floor (malloc
+    /// rounds the capacity up: a shrunk array must not qualify again), so a steady load does
+    /// not reallocate back and forth.
     private func shrinkIfMostlyFree() {
         let floor = 1024
-        guard entries.capacity > floor, entries.count < entries.capacity / 4 else { return }
+        guard entries.capacity > 2 * floor, entries.count < entries.capacity / 4 else { return }
         var smaller: [Entry] = []
         smaller.reserveCapacity(max(floor, entries.count * 2))
         smaller.append(contentsOf: entries)
         entries = smaller
+        shrinks += 1
     }
 }

@@ -131,6 +131,57 @@ final class TimerHeapTests: XCTestCase {
         XCTAssertLessThan(heap.capacity, 4_096, "the heap kept the capacity of its peak")
     }
 
+    /// A due work is run, and let go of, on a global queue, never on the heap's own queue:
+    /// a work's last reference dropped there would run a deinit (a value `delay` held, a
+    /// promise and its last observers) on it, delaying every other timer, and, were the
+    /// heap guarded by its queue, calling back into the heap from there would trap.
+    func testFiredWorksAreLetGoOfOffTheHeapsQueue() {
+        final class Probe: @unchecked Sendable {
+            let onHeapQueue: Counter, freed: Countdown
+            init(_ onHeapQueue: Counter, _ freed: Countdown) { self.onHeapQueue = onHeapQueue; self.freed = freed }
+            deinit {
+                if DispatchQueue.getSpecific(key: TimerHeap.queueKey) == true { onHeapQueue.increment() }
+                freed.countDown()
+            }
+        }
+        let count = 3_000
+        let onHeapQueue = Counter()
+        for _ in 0..<5 {
+            let freed = Countdown(count)
+            let deadline = DispatchTime.now() + .milliseconds(20)
+            for _ in 0..<count {
+                let probe = Probe(onHeapQueue, freed)
+                _ = heap.schedule(at: deadline) { _ = probe }  // a work that returns at once
+            }
+            XCTAssertTrue(freed.wait())
+        }
+        XCTAssertEqual(onHeapQueue.value, 0, "works were let go of on the heap's queue")
+    }
+
+    /// After a burst, a steady load of a few timers does not reallocate the array on every
+    /// remove (malloc rounds a shrunk capacity up: it must not qualify for a shrink again).
+    func testASteadyLoadAfterABurstDoesNotShrinkOnEveryRemove() {
+        let burst = (0..<20_000).map { _ in heap.schedule(at: .now() + .seconds(3_600)) {} }
+        for entry in burst.dropFirst(100) { heap.cancel(entry) }
+        let shrinks = heap.shrinks
+        for _ in 0..<1_000 {
+            heap.cancel(heap.schedule(at: .now() + .seconds(3_600)) {})
+        }
+        XCTAssertEqual(heap.shrinks, shrinks, "the heap reallocated its array under a steady load")
+        for entry in burst.prefix(100) { heap.cancel(entry) }
+    }
+
+    /// A timer due at once does not go through the heap (the hop to its queue would only
+    /// delay it), and still fires.
+    func testATimerDueAtOnceSkipsTheHeap() {
+        let start = heap.count
+        let now = Promise.after(.zero)
+        let delayed = Promise(value: 7).delay(.zero)
+        XCTAssertEqual(heap.count, start)
+        XCTAssertNoThrow(try now.wait(timeout: .seconds(10)))
+        XCTAssertEqual(try delayed.wait(timeout: .seconds(10)), 7)
+    }
+
     /// The timers the library sets through it: a settled `timeout` and a cancelled `after`
     /// or `delay` leave nothing on the heap.
     func testTimersOfSettledOrCancelledPromisesLeaveTheHeap() {
