@@ -67,4 +67,81 @@ final class CancelReasonStressTests: XCTestCase {
         }
         queue.sync {}
     }
+
+    /// A handler's child `child`, linked up (a side branch settled early while it was
+    /// pending), whose handler returns as its root's cancel (reason 1) comes down, while
+    /// its holder cancels it directly (reason 2). The child's claim may turn into the root's
+    /// cancel; a cancel that meets it claimed but not published must leave the registry
+    /// walk to the publisher. Whichever way it goes, every descendant takes the reason the
+    /// child ends with: those on its list (which its publish fires) and those reached
+    /// through its registry (queued below the side branch). The rounds hit the window
+    /// between the claim and the publish only now and then; the spin model's claim-window
+    /// run (`make verify`) covers it exhaustively, with the old walk as a broken variant.
+    func testCancelsRacingAHandlersClaimGiveEveryDescendantTheReasonItEndsWith() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let queue = DispatchQueue(label: "claim window")
+        var endings = [0, 0, 0]
+
+        runStressRounds("cancels racing a handler's claim", invariants: [
+            "the child ends with its value, the root's reason or the direct cancel's",
+            "every descendant, on its list or through its registry, ends with that reason, or its value",
+        ], details: { "child fulfilled: \(endings[0]), cancelled by the root: \(endings[1]), directly: \(endings[2])" }) { checker in
+            let round = checker.round
+            let gate = DispatchSemaphore(value: 0)
+            queue.async { gate.wait() }
+            let inHandler = StressFlag(), released = StressFlag()
+            var random = StressRandom(round: round, seat: 3)
+            let handlerDelay = random.below(200)
+            let root = Promise<Int>()
+            let child = root.then(on: .immediate) { value -> Int in
+                inHandler.set()
+                while !released.isSet {}
+                spin(handlerDelay)
+                return value
+            }
+            let listed = (0..<2).map { _ in child.then(on: queue) { $0 } }
+            let early = child.then(on: .immediate) { $0 }
+            early.fulfill(1)  // leaves the child's list for its registry: the child is linked up
+            let throughRegistry = (0..<2).map { _ in early.then(on: queue) { $0 } }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                switch seat {
+                case 0:
+                    root.fulfill(0)  // runs the child's handler here
+                case 1:
+                    inHandler.waitUntilSet()
+                    released.set()
+                    spin(random.below(200))
+                    root.cancel(reason: StressError(id: 1))
+                default:
+                    inHandler.waitUntilSet()
+                    while !released.isSet {}
+                    spin(random.below(200))
+                    child.cancel(reason: StressError(id: 2))
+                }
+            }
+            checker.check(finished, "round hung")
+            gate.signal()
+            let outcome = { (promise: Promise<Int>) -> Int in
+                do {
+                    _ = try promise.wait(timeout: .seconds(20))
+                    return 0
+                } catch {
+                    return error.stressID
+                }
+            }
+            let own = outcome(child)
+            endings[max(0, min(own, 2))] += 1
+            checker.check(own >= 0 && own <= 2, "the child ended with \(own)")
+            let reasons = (listed + throughRegistry).map(outcome)
+            // A fulfilled child's descendants may run (0) or take a cancel forwarded
+            // through it (the one reason it passes down): never two reasons.
+            let expected = own == 0 ? Set(reasons).subtracting([0]).count <= 1 : reasons.allSatisfy { $0 == own }
+            checker.check(expected, "the child ended with \(own), its descendants (list, list, registry, registry) with \(reasons)")
+            return finished
+        }
+        queue.sync {}
+    }
 }
