@@ -16,6 +16,7 @@ private struct Marker: Error, Equatable, CustomStringConvertible {
 private struct BrokenMarker: Sendable {}
 private struct CycleMarker: Sendable {}
 private struct OnCancelMarker: Sendable {}
+private struct TimeoutMarker: Sendable {}
 
 /// A promise a handler reaches once it exists.
 private final class Slot<T>: @unchecked Sendable {
@@ -58,6 +59,25 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(reported.first?.description,
                        "a Promise<Int> made at \(#fileID):\(line) was rejected and freed without any observer seeing its error: marker 1")
         #endif
+    }
+
+    /// `timeout`'s own clean-up hook on its child reads nothing: a child that timed out and
+    /// whose error nobody read is an unhandled rejection like any other; one read is not.
+    func testATimedOutChildNobodyReadsIsReportedAndOneReadIsNot() {
+        do {
+            let source = Promise<TimeoutMarker>()
+            let unread = source.timeout(.milliseconds(1))
+            let read = source.timeout(.milliseconds(1))
+            XCTAssertThrowsError(try read.wait(timeout: testTimeout))
+            XCTAssertTrue(eventually { unread.isRejected })
+            source.fulfill(TimeoutMarker())
+        }
+        XCTAssertTrue(eventually { !events(about: "Promise<TimeoutMarker>").isEmpty })
+        let reported = events(about: "Promise<TimeoutMarker>")
+        XCTAssertEqual(reported.count, 1, "\(reported)")
+        guard case .unhandledRejection(PromiseError.timedOut)? = reported.first?.kind else {
+            return XCTFail("reported \(reported)")
+        }
     }
 
     func testEveryKindOfObserverCountsAsSeeingTheError() throws {
