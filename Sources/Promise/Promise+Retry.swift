@@ -89,7 +89,7 @@ public struct RetryBackoff: Sendable, Equatable {
         guard seconds < maximum.inSeconds else { return maximum }
         // Whole nanoseconds (Dispatch's resolution): 0.1 s * 3 is 0.3 s, not 0.30000000000000004.
         // Past Int64's nanoseconds (about 292 years, under a cap set that high), whole
-        // seconds: such a pause never elapses anyway (see `PromiseTimer.horizon`).
+        // seconds: such a pause is past `PromiseTimer.horizon`, and ends the run.
         let nanoseconds = (seconds * 1e9).rounded()
         return nanoseconds < Double(Int64.max) ? .nanoseconds(Int64(nanoseconds)) : .seconds(seconds.rounded())
     }
@@ -103,9 +103,11 @@ public struct RetryBackoff: Sendable, Equatable {
 }
 
 extension Duration {
-    /// The duration in seconds, as a floating-point number.
+    /// The duration in seconds, as a floating-point number. By division, not through
+    /// `components`, which traps on a duration past `Int64.max` seconds (a cap read from
+    /// configuration may be one).
     fileprivate var inSeconds: Double {
-        Double(components.seconds) + Double(components.attoseconds) * 1e-18
+        self / .seconds(1)
     }
 }
 
@@ -168,11 +170,6 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
     /// The output settles as its attempts go, none of them settling it early for sure.
     var settledEarlyBy: Aggregator.SettledEarlyBy { .nothing }
 
-    /// No step is in flight any more, and none comes (a pause that never elapses).
-    func clear() {
-        withLock { step = nil }
-    }
-
     /// The output was cancelled: cancels the step in flight, and any that starts later.
     func cancel(reason: any Error) {
         let step: AnyPromise? = withLock {
@@ -200,9 +197,7 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
 /// A `retry` run: it holds the output it settles, and every closure of the run holds it,
 /// while the output's hook does not. So if they all let go while the output is pending (a
 /// context that drops an attempt or a `shouldRetry` call unrun), nothing can go on with
-/// it: the deinit rejects the output with `PromiseError.brokenPromise`. A run that stops
-/// on purpose with the output pending (a pause past `PromiseTimer.horizon`, which never
-/// elapses) says so first.
+/// it: the deinit rejects the output with `PromiseError.brokenPromise`.
 ///
 /// It also holds the user's code (`body`, `shouldRetry`, and the pause maker with its
 /// clock), and lets go of it when the output settles: an attempt that lives on keeps the
@@ -213,9 +208,6 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
                       makePause: @Sendable (Duration) -> Promise<Void>)
     let output = Promise<Value>(madeByLibrary: ())
     let inFlight = StepInFlight()
-    /// Set once, by the thread that meets the pause that never elapses, before the run's
-    /// closures let go of the run (the last release orders it before the deinit).
-    var waitsForever = false
     /// Under the lock; nil once the output settled.
     private var userCode: Code?
 
@@ -267,7 +259,7 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
     }
 
     deinit {
-        if !waitsForever { output.reject(PromiseError.brokenPromise) }
+        output.reject(PromiseError.brokenPromise)
     }
 }
 
@@ -305,11 +297,15 @@ extension Promise {
     ///
     /// Cancelling the result cancels the attempt in flight (or the pause between two
     /// attempts, whose timer then lets go of the run) and starts no other. A cancelled
-    /// attempt is not retried. The run holds only the attempt in flight.
+    /// attempt is not retried. The run holds only the attempt in flight. (An attempt that
+    /// the context was already starting as the cancel came may still call `body`; the
+    /// promise it returns is cancelled at once. Only waiting on `body` could rule that out.)
     ///
     /// `attempts` below 1, or a `backoff` with values out of range (both may come from
     /// configuration), call `body` never and return a promise rejected with
-    /// `PromiseError.invalidArgument`, which says what was wrong.
+    /// `PromiseError.invalidArgument`, which says what was wrong. A pause longer than a
+    /// hundred years (under a cap set that high) would never elapse: the run ends there,
+    /// rejected with the last attempt's error, as when the attempts run out.
     ///
     /// Threading: `body` and `shouldRetry` run on `context`. The pauses are timed on
     /// `clock` when one is given (a test passes a clock it advances by hand), on Dispatch
@@ -391,12 +387,12 @@ extension Promise {
                             return
                         }
                         guard let code = run.code else { return }  // settled meanwhile
-                        guard let shouldRetry = code.shouldRetry else { return pauseThenRetry(after: number) }
+                        guard let shouldRetry = code.shouldRetry else { return pauseThenRetry(after: number, failedWith: error) }
                         // The predicate is user code too: it runs on `context`, as `body` does.
                         context.execute {
                             // Settled meanwhile, or asked already (a context running it twice).
                             guard run.output.isFreeToSettle, run.claimDecision(number) else { return }
-                            if shouldRetry(error) { pauseThenRetry(after: number) } else { run.output.reject(error) }
+                            if shouldRetry(error) { pauseThenRetry(after: number, failedWith: error) } else { run.output.reject(error) }
                         }
                     }
                 }.register(on: current)
@@ -408,7 +404,7 @@ extension Promise {
         }
 
         /// Pauses as the backoff says after failed attempt `number`, then makes the next.
-        @Sendable func pauseThenRetry(after number: Int) {
+        @Sendable func pauseThenRetry(after number: Int, failedWith error: any Error) {
             var random = SystemRandomNumberGenerator()
             let delay = backoff.pause(afterAttempt: number, using: &random)
             if delay <= .zero {
@@ -416,11 +412,10 @@ extension Promise {
                 return
             }
             guard delay <= PromiseTimer.horizon else {
-                // A pause that never elapses: no attempt comes after it, and the output
-                // stays pending until its holder settles, cancels or drops it. (A cancel
-                // then finds no step: the failed attempt is not the run's any more.)
-                run.inFlight.clear()
-                run.waitsForever = true
+                // A pause that never elapses: no attempt can come after it. The run ends
+                // here, as when the attempts run out, rather than leave its caller waiting
+                // for ever.
+                run.output.reject(error)
                 return
             }
             // The pause is the step in flight: cancelling the output cancels its timer,

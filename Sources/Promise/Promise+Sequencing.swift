@@ -271,7 +271,9 @@ extension Promise {
     ///
     /// The inputs are pulled one by one as slots free up, so a lazy sequence of a million
     /// inputs holds at most `maxConcurrent` of them (and the results) at a time. Cancelling
-    /// the result cancels the work in flight with the same reason and starts no more.
+    /// the result cancels the work in flight with the same reason and starts no more (a
+    /// work the context was already starting as the cancel came may still be called; the
+    /// promise it returns is cancelled at once).
     ///
     /// `maxConcurrent` below 1 (a value from configuration, say) calls `work` never and
     /// returns a promise rejected with `PromiseError.invalidArgument`, which says so.

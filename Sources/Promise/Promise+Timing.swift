@@ -11,11 +11,10 @@ extension Duration {
     /// a deadline in the past).
     var dispatchDeadline: DispatchTime {
         guard self <= PromiseTimer.horizon else { return .distantFuture }
+        // Before `components`, which traps on a duration past Int64's seconds either way.
+        guard self > .zero else { return .now() }
         let (seconds, attoseconds) = components
-        let nanoseconds = seconds > 0 || (seconds == 0 && attoseconds > 0)
-            ? seconds * 1_000_000_000 + attoseconds / 1_000_000_000
-            : 0
-        return .now() + .nanoseconds(Int(nanoseconds))
+        return .now() + .nanoseconds(Int(seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
     }
 }
 
@@ -61,9 +60,7 @@ struct PromiseTimer: Sendable {
         }
         guard interval > .zero else {
             // Due now (`after(.zero)`, `delay(.zero)`): the heap would only add a hop.
-            let box = TimerWork(work)
-            DispatchQueue.global().async { box.take()?() }
-            self.init(handle: .sentAtOnce(box))
+            self.init(sendingAtOnce: work)
             return
         }
         self.init(handle: .dispatch(TimerHeap.shared.schedule(at: interval.dispatchDeadline, work)))
@@ -71,6 +68,13 @@ struct PromiseTimer: Sendable {
 
     private init(handle: Handle) {
         self.handle = handle
+    }
+
+    /// Due already: `work` goes to a global queue at once, in a box a cancel empties.
+    private init(sendingAtOnce work: @escaping @Sendable () -> Void) {
+        let box = TimerWork(work)
+        DispatchQueue.global().async { box.take()?() }
+        self.init(handle: .sentAtOnce(box))
     }
 
     /// A timer that never fires. Nothing will ever run its work: keeping it would keep
@@ -83,8 +87,15 @@ struct PromiseTimer: Sendable {
     /// deadline more than `horizon` away never comes, as on Dispatch (the clock's own
     /// sleep would trap on it: `ContinuousClock` counts in 64-bit nanoseconds).
     init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
-        guard clock.now.duration(to: deadline) <= PromiseTimer.horizon else {
+        let interval = clock.now.duration(to: deadline)
+        guard interval <= PromiseTimer.horizon else {
             self = .never
+            return
+        }
+        guard interval > .zero else {
+            // Due: no sleep (a clock's sleep traps on a deadline past Int64's nanoseconds,
+            // in the past as in the future).
+            self = PromiseTimer(sendingAtOnce: work)
             return
         }
         let box = TimerWork(work)

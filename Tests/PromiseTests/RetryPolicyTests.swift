@@ -109,7 +109,10 @@ final class RetryPolicyTests: XCTestCase {
 
     /// A pause past Int64's nanoseconds (about 292 years), under a cap set as high, is a
     /// duration, not a trap: it never elapses, and a cancel still ends the run.
-    func testPausesBeyondNanosecondsUnderAHighCapDoNotTrap() {
+    /// A pause past a hundred years (here 1e10 s, under a cap of `Int64.max` seconds) would
+    /// never elapse: the run ends there with the last attempt's error, rather than leave
+    /// its caller waiting for ever (before: the output stayed pending).
+    func testAPauseThatNeverElapsesEndsTheRunWithTheLastError() {
         let steep = RetryBackoff.exponential(initial: .milliseconds(10), multiplier: 1e12, maximum: .seconds(Int64.max))
         XCTAssertEqual(steep.pause(afterAttempt: 2), .seconds(10_000_000_000))
         let clock = ManualClock()
@@ -120,11 +123,26 @@ final class RetryPolicyTests: XCTestCase {
         }
         XCTAssertTrue(clock.waitForSleepers(1))
         clock.advance(by: .milliseconds(10))
-        XCTAssertTrue(eventually { calls.value == 2 })
-        XCTAssertTrue(output.isPending, "the second pause elapsed: \(output)")
-        output.cancel()
-        XCTAssertTrue(output.isCancelled)
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout)) {
+            XCTAssertEqual($0 as? Transient, Transient(attempt: 2))
+        }
         XCTAssertEqual(calls.value, 2)
+    }
+
+    /// A cap past `Int64.max` seconds (from configuration, say) is a cap like any other:
+    /// the pauses under it are computed without trapping.
+    func testACapPastInt64SecondsDoesNotTrap() throws {
+        let backoff = RetryBackoff.exponential(initial: .nanoseconds(1), maximum: .seconds(1e20))
+        XCTAssertNil(backoff.problem)
+        XCTAssertEqual(backoff.pause(afterAttempt: 3), .nanoseconds(4))
+        let calls = Counter()
+        let output = Promise<Int>.retry(attempts: 3, backoff: backoff) {
+            calls.increment()
+            return Promise(error: Transient(attempt: calls.value))
+        }
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout)) {
+            XCTAssertEqual($0 as? Transient, Transient(attempt: 3))
+        }
     }
 
     /// `shouldRetry` is user code, so it runs on the `on:` context, as `body` does (found by

@@ -182,6 +182,23 @@ final class TimerHeapTests: XCTestCase {
         XCTAssertEqual(try delayed.wait(timeout: .seconds(10)), 7)
     }
 
+    /// Durations from configuration may be absurd: past `Int64`'s seconds in the past
+    /// trapped where the deadline was computed (`Duration.components`), and in a clock's
+    /// sleep. Such a timer is simply due.
+    func testDurationsFarInThePastAreDueAtOnce() throws {
+        let past = Duration.seconds(-1e20)
+        XCTAssertNoThrow(try Promise.after(past).wait(timeout: .seconds(10)))
+        XCTAssertNoThrow(try Promise.after(past, clock: ContinuousClock()).wait(timeout: .seconds(10)))
+        XCTAssertEqual(try Promise(value: 3).delay(past).wait(timeout: .seconds(10)), 3)
+        let receiver = Promise<Int>()  // held: a receiver dropped pending would break the child first
+        XCTAssertThrowsError(try receiver.timeout(past).wait(timeout: .seconds(10))) {
+            guard case PromiseError.timedOut = $0 else { return XCTFail("\($0)") }
+        }
+        XCTAssertThrowsError(try Promise<Int>().wait(timeout: past)) {
+            guard case PromiseError.timedOut = $0 else { return XCTFail("\($0)") }
+        }
+    }
+
     /// The timers the library sets through it: a settled `timeout` and a cancelled `after`
     /// or `delay` leave nothing on the heap.
     func testTimersOfSettledOrCancelledPromisesLeaveTheHeap() {
