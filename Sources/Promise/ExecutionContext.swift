@@ -76,10 +76,13 @@ public struct DefaultExecutionContext: ExecutionContext {
 public struct ImmediateExecutionContext: ExecutionContext {
     init() {}
 
-    /// Runs `work` at once. The library itself never calls this: it runs immediate
-    /// handlers through the core's per-thread trampoline, which is what makes long
-    /// `.immediate` chains stack-safe. Calling it directly gives neither that nor the
-    /// no-Zalgo guarantee of the other contexts.
+    /// Runs `work` at once. The library runs immediate handlers not through this but
+    /// through the core's per-thread trampoline, which is what makes long `.immediate`
+    /// chains stack-safe; only runs (`retry`, `sequence`, `all(_:maxConcurrent:)`) call it,
+    /// to start an attempt or a work on the context they were given. Their next step starts
+    /// from the handler of the step before, which the trampoline runs once this call has
+    /// returned, so a run of steps that settle at once does not grow the stack. Calling it
+    /// directly gives neither that nor the no-Zalgo guarantee of the other contexts.
     public func execute(_ work: @escaping @Sendable () -> Void) {
         work()
     }

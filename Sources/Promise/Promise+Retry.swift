@@ -309,7 +309,8 @@ extension Promise {
     ///
     /// Threading: `body` and `shouldRetry` run on `context`. The pauses are timed on
     /// `clock` when one is given (a test passes a clock it advances by hand), on Dispatch
-    /// otherwise.
+    /// otherwise. On `.immediate`, attempts that fail at once with no pause between them
+    /// all run before `retry` returns (without growing the stack): keep `attempts` bounded.
     public static func retry<C: Clock>(
         attempts: Int,
         backoff: RetryBackoff,
