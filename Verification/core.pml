@@ -16,9 +16,7 @@
  *                   pc_children_take, pc_tree_flags_set, pc_tree_flags) as the Swift layer drives it
  *                   (AnyPromise.cancelOne, linkIntoParentChain, forEachLinkedChild): one
  *                   or two cancellers against children that push links, possibly pruning
- *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it). With -DCLAIM_WINDOW, P is
- *                   claimed by its handler but not yet published, and its claim may turn
- *                   into an ancestor's cancel: cancellers, P's publisher, linked children.
+ *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it).
  *
  *   -DCYCLE         promises locking in to follow each other at the same time, and the
  *                   cycle check (a link store, a full fence, a walk of the links) that
@@ -57,13 +55,6 @@
  *   -DREGISTRY -DNCANCEL=2 -DBROKEN_LOSER_WALKS
  *                          a canceller that lost the forwarding to another, whose reason is
  *                          not out yet, walks the registry with its own reason.
- *   -DREGISTRY -DCLAIM_WINDOW -DBROKEN_WINDOW_WALKS
- *                          a canceller that forwards through P while P is claimed but not
- *                          published walks the registry with its reason, and P's claim
- *                          then turns into an ancestor's cancel with another.
- *   -DREGISTRY -DCLAIM_WINDOW -DBROKEN_PUBLISHER_SKIPS_WALK
- *                          P's publisher does not look for a cancel forwarded through P
- *                          while it was claimed: the canceller left the walk to it.
  *
  *   -DCYCLE -DBROKEN_NO_FENCE
  *                          the cycle check's walk reads the ring before the promise's own
@@ -498,15 +489,6 @@ bit  settled[NCHILD + 1];        /* the child's claim moved to an outcome */
 bit  forwarded[NCHILD + 1];      /* CANCEL_CLAIMED was set on the (settled) child */
 byte creason[NCHILD + 1];        /* the reason the cancel that settled or forwarded it passed */
 
-#ifdef CLAIM_WINDOW
-/* P is claimed by its handler (fulfillFromHandler) and not yet published: its claim may
- * still turn into the cancel an ancestor forwarded (turnClaimIntoCancel, reason 3). */
-#define ANCESTOR_REASON 3
-byte pclaim = FULFILLED;     /* P's claim word */
-bit  ppublished = 0;         /* pc_publish(P) happened */
-byte preason = 0;            /* P's own cancel reason, once its claim turned */
-#endif
-
 /* uintptr_t pc_children_push(promise, link): CAS loop, then the full fetch-add. */
 inline pc_children_push(link) {
     seen = children;                                /* seen = AO_load(&children) */
@@ -674,17 +656,6 @@ inline for_each_linked_child(reapplying, byCanceller) {
 proctype Canceller(byte me) {
     REGISTRY_LOCALS;
     byte passed;
-#ifdef CLAIM_WINDOW
-    /* settleFailure(P) fails: P is claimed. else if isClaimedAsCancel && !isCancelled
-     * { return }: its publisher walks; isCancelled: no forwarding, walk with its reason */
-    if
-    :: pclaim == CANCELLED && !ppublished ->
-        printf("%d: canceller %d finds P claimed as cancelled, not published\n", _pid, me);
-        goto walked
-    :: pclaim == CANCELLED && ppublished -> goto walk
-    :: else
-    fi;
-#endif
     /* settleFailure(P) fails (P is fulfilled); !isCancelled;
      * pc_tree_flags_set(P, CANCEL_CLAIMED) */
     pc_tree_flags_set(CLAIMED, won);
@@ -708,26 +679,10 @@ proctype Canceller(byte me) {
 #endif
     fi;
     won = false;
-#if defined(CLAIM_WINDOW) && !defined(BROKEN_WINDOW_WALKS)
-    /* if publishedTagAfterHold == PC_PENDING { return }: the publisher walks, after its
-     * publish, with the reason P passes down by then */
-    if
-    :: !ppublished ->
-        printf("%d: canceller %d leaves the walk to P's publisher\n", _pid, me);
-        goto walked
-    :: else
-    fi;
-#endif
-#ifdef CLAIM_WINDOW
-walk:
-#endif
     for_each_linked_child(false, true);             /* work.append(child) for each link */
     /* passedOn = cancelReasonForDescendants ?? reason */
     d_step {
         if
-#ifdef CLAIM_WINDOW
-        :: pclaim == CANCELLED && ppublished -> passed = preason
-#endif
         :: (tree_flags & PUBLISHED) != 0 -> passed = reason
         :: else -> passed = me
         fi
@@ -792,45 +747,6 @@ proctype Child(byte me) {
     fi
 }
 
-#ifdef CLAIM_WINDOW
-/* P's handler, after its claim: its ancestor check may find an ancestor's cancel and turn
- * the claim into it; then pc_publish; then publish() looks for a cancel forwarded through
- * P meanwhile (pc_tree_flags_after_publish), or passOnClaimedCancel walks with P's own. */
-proctype Publisher() {
-    REGISTRY_LOCALS;
-    byte passed;
-    if
-    :: d_step { pclaim = CANCELLED; preason = ANCESTOR_REASON;
-                printf("%d: P's claim turns into the ancestor's cancel\n", _pid) }
-    :: skip
-    fi;
-    d_step { ppublished = 1; printf("%d: pc_publish(P)\n", _pid) };
-    if
-    :: pclaim == CANCELLED ->
-        passed = preason                            /* passOnClaimedCancel: cancel(reason: own) */
-#ifndef BROKEN_PUBLISHER_SKIPS_WALK
-    :: pclaim != CANCELLED && (tree_flags & PUBLISHED) != 0 ->
-        printf("%d: P's publisher walks the cancel forwarded while it was claimed\n", _pid);
-        passed = reason                             /* walkCancelForwardedWhileClaimed */
-#endif
-    :: else -> goto published
-    fi;
-    for_each_linked_child(false, true);
-    c = 1;
-    do
-    :: c <= NCHILD ->
-        if
-        :: (kept & (1 << c)) != 0 -> cancel_child(c, passed)
-        :: else
-        fi;
-        c++
-    :: else -> break
-    od;
-published:
-    skip
-}
-#endif
-
 #define COVERED(c) (!pushed[c] || takenByCanceller[c] || sawPublished[c] || prunerSaw[c])
 #define ENDED_CANCELLED(c) (cclaim[c] == CANCELLED || (ctree_flags[c] & CLAIMED) != 0)
 
@@ -841,32 +757,15 @@ init {
 #if NCANCEL > 1
         run Canceller(2);
 #endif
-#ifdef CLAIM_WINDOW
-        /* children linked while P was pending (settled early, or their descendants in
-         * flight): their links are in P's registry already, and they wait */
-        c = 1;
-        do
-        :: c <= NCHILD ->
-            lnext[c] = children; children = c; pushed[c] = 1; c++
-        :: else -> break
-        od;
-        run Publisher();
-#else
         c = 1;
         do
         :: c <= NCHILD -> run Child(c); c++
         :: else -> break
         od;
-#endif
         c = 0
     }
     timeout;                            /* every call has returned */
-#ifdef CLAIM_WINDOW
-    /* the cancel was published, or P ended cancelled before any canceller forwarded */
-    assert((tree_flags & PUBLISHED) != 0 || pclaim == CANCELLED);
-#else
     assert((tree_flags & PUBLISHED) != 0);  /* the cancel was published */
-#endif
     c = 1;
     do
     :: c <= NCHILD ->
@@ -875,13 +774,8 @@ init {
         assert(pushed[c] && COVERED(c));
         /* so the cancel reached the child, which ended cancelled or forwarding it */
         assert(reached[c] && ENDED_CANCELLED(c));
-        /* with the reason P passes down: that of the cancel that won the forwarding, or
-         * P's own if it ended cancelled */
-#ifdef CLAIM_WINDOW
-        assert(creason[c] == (pclaim == CANCELLED -> preason : reason));
-#else
+        /* with the reason P passes down: that of the cancel that won the forwarding */
         assert(creason[c] == reason);
-#endif
         c++
     :: else -> break
     od

@@ -64,9 +64,6 @@ $(eval $(call verify_run,registry-prune-safety,pass,-DREGISTRY -DNCHILD=2 -DNPRU
 $(eval $(call verify_run,registry-prune-liveness,pass,-DREGISTRY -DNCHILD=2 -DNPRUNE=2,$(PAN_LIVENESS),-a -m100000 -w24))
 $(eval $(call verify_run,registry-2cancellers-safety,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_SAFETY),-m100000 -w24))
 $(eval $(call verify_run,registry-2cancellers-liveness,pass,-DREGISTRY -DNCHILD=2 -DNCANCEL=2,$(PAN_LIVENESS),-a -m100000 -w24))
-# The registry of a promise claimed by its handler and not yet published, whose claim may
-# turn into an ancestor's cancel: 2 cancellers and its publisher, 2 linked children.
-$(eval $(call verify_run,registry-claim-window-safety,pass,-DREGISTRY -DCLAIM_WINDOW -DNCHILD=2 -DNCANCEL=2,$(PAN_SAFETY),-m100000 -w24))
 # A cancel of a settled ancestor against handlers running in no registry, and the
 # forwarding epoch (R -> P -> C, cancels of R and of an unrelated promise; also of P).
 $(eval $(call verify_run,epoch-safety,pass,-DEPOCH,$(PAN_SAFETY),-m100000))
@@ -102,8 +99,6 @@ $(eval $(call verify_run,broken-ignore-firing,fail,-DBROKEN_IGNORE_FIRING,$(PAN_
 $(eval $(call verify_run,broken-stale-retry,fail,-DBROKEN_STALE_RETRY,$(PAN_LIVENESS),-a -m100000 -w22))
 $(eval $(call verify_run,broken-dekker,fail,-DREGISTRY -DNCHILD=3 -DBROKEN_DEKKER,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-loser-walks,fail,-DREGISTRY -DNCHILD=2 -DNCANCEL=2 -DBROKEN_LOSER_WALKS,$(PAN_BROKEN),-m100000 -w22 -I))
-$(eval $(call verify_run,broken-window-walks,fail,-DREGISTRY -DCLAIM_WINDOW -DNCHILD=2 -DNCANCEL=2 -DBROKEN_WINDOW_WALKS,$(PAN_BROKEN),-m100000 -w22 -I))
-$(eval $(call verify_run,broken-publisher-skips-walk,fail,-DREGISTRY -DCLAIM_WINDOW -DNCHILD=2 -DNCANCEL=2 -DBROKEN_PUBLISHER_SKIPS_WALK,$(PAN_BROKEN),-m100000 -w22 -I))
 $(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGIN,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cycle-no-fence,fail,-DCYCLE -DNRING=2 -DBROKEN_NO_FENCE,$(PAN_BROKEN),-m100000 -I))

@@ -42,8 +42,7 @@ extension AnyPromise {
     final var publishedTag: UInt { UInt(pc_state(corePointer)) }
 
     /// `publishedTag` for the in-flight half of the Dekker pairing with the publisher
-    /// (`holdPathWhileInFlight`): see `pc_holds_after_publish`; and for the canceller's half
-    /// of the pairing with a claimed promise's publisher (see `publish`).
+    /// (`holdPathWhileInFlight`): see `pc_holds_after_publish`.
     final var publishedTagAfterHold: UInt { UInt(pc_state_after_hold(corePointer)) }
 
     /// Whether observers are queued and not yet handed out (a snapshot, for descriptions).
@@ -128,25 +127,15 @@ extension AnyPromise {
         pc_claim(corePointer, UInt(expected), UInt(desired))
     }
 
-    /// `pc_publish`: publishes the outcome this thread claimed and fires the observers in
-    /// registration order. Every publish goes through here: a cancel that met the promise
-    /// claimed but not yet published left its registry walk to the publisher (`cancelOne`),
-    /// which takes it up right after (the Dekker pairing in `pc_tree_flags_after_publish`).
-    @inlinable
-    final func publish() {
-        pc_publish(corePointer)
-        if pc_tree_flags_after_publish(corePointer) & TreeFlag.cancelPublished != 0 { walkCancelForwardedWhileClaimed() }
-    }
-
     /// Publishes the outcome this thread claimed (its slot already written) and fires
     /// the observers in registration order.
     @inlinable
     final func publishClaimedOutcome() {
         // Roots and a root's children never hold anything.
-        guard holdsItsParentInFlight else { return publish() }
+        guard holdsItsParentInFlight else { return pc_publish(corePointer) }
         // A promise in flight lets its path go once its inline children no longer need it.
         if holdsSelfHint { return publishLeavingFlight() }
-        publish()
+        pc_publish(corePointer)
         // In flight after all: it went in flight while we published (see
         // `holdPathWhileInFlight`; one of the two drops the hold), or the hint read was
         // stale. Not having watched, keep the path until the cascade ends, to be safe.
@@ -228,7 +217,7 @@ extension AnyPromise {
     @usableFromInline
     final func publishLeavingFlight() {
         let previousWatch = watchCascade()
-        publish()
+        pc_publish(corePointer)
         leaveFlight(firedInlineChildren: AnyPromise.endCascadeWatch(previousWatch))
     }
 

@@ -69,12 +69,6 @@ extension AnyPromise {
             // Walking here would hand ours to some of them.
             return
         }
-        // Claimed by a settler that has not published yet (the forwarding above, or a
-        // cancel after it): a handler's claim may still turn into an ancestor's cancel,
-        // whose reason the descendants must then take. The publisher walks the registry
-        // right after its publish (`publish`), with the reason this promise passes down by
-        // then; walking now would hand ours to some descendants first.
-        if publishedTagAfterHold == UInt(PC_PENDING) { return }
         // A combinator's output owns its inputs' work: the cancel reaches those still
         // pending, however the output ended cancelled (its own claim above, or a cancel it
         // adopted, passed on by `passOnClaimedCancel`). Then the aggregator lets go of
@@ -199,16 +193,6 @@ extension AnyPromise {
               HeldMemory.isPendingPromise(at: address), let parent = HeldMemory.promiseIfAlive(at: address)
         else { return }
         leavePendingParent(parent)
-    }
-
-    /// The registry walk a cancel left to this promise's publisher: it forwarded through the
-    /// promise while it was claimed but not published (`cancelOne`). A promise that ended
-    /// cancelled walks with its own reason anyway (`passOnClaimedCancel`); and if the
-    /// canceller saw the publish after all, it walked too, with the same reason.
-    @usableFromInline @inline(never)
-    final func walkCancelForwardedWhileClaimed() {
-        guard publishedTag != UInt(PC_CANCELLED), let reason = existingRareState?.forwardedCancelReason else { return }
-        cancel(reason: reason)
     }
 
     /// The reason descendants must be cancelled with: this promise's own if it is

@@ -165,7 +165,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         guard holdsItsParentInFlight else {
             guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
             storeValue(value)
-            publish()
+            pc_publish(corePointer)
             if !isRoot {
                 leaveParentIfPending()  // a root's child settled early
             } else if rareStateWordValue != 0 {

@@ -165,20 +165,6 @@ final class ViolationLog: Sendable {
     var first: [String] { entries.withLock { $0.first } }
 }
 
-/// A flag one seat raises and another waits for (yielding: a crew may have more seats
-/// than the machine has cores).
-final class StressFlag: Sendable {
-    private let raised = Atomic<Bool>(false)
-
-    func set() { raised.store(true, ordering: .releasing) }
-
-    var isSet: Bool { raised.load(ordering: .acquiring) }
-
-    func waitUntilSet() {
-        while !isSet { sched_yield() }
-    }
-}
-
 /// Records each run of one handler: how often, what it saw, where it ran. Once the
 /// round is checked the probe is sealed with what may still happen (nothing, or one run
 /// with a known argument); a later run that breaks the seal goes to the violation log.

@@ -133,21 +133,6 @@ static inline uintptr_t pc_state_after_hold(const pc_promise *_Nonnull promise) 
 }
 
 /*
- * The two loads of the Dekker pairing between a canceller that forwards through a promise
- * claimed but not yet published (a handler's child between its claim and its publish,
- * whose claim may still turn into an ancestor's cancel) and that promise's publisher. The
- * canceller sets PC_TREE_CANCEL_PUBLISHED (pc_tree_flags_set, full), then loads the state
- * (pc_state_after_hold: the same seq_cst load); still pending, it leaves the registry walk
- * to the publisher. The publisher publishes (pc_publish's full CAS), then loads the
- * tree_flags word here; PUBLISHED set, it walks. At least one of them sees the other's
- * write, so the forwarded cancel is walked at least once (twice is harmless: both pass
- * down the same reason, read from what was published). seq_cst, as pc_holds_after_publish.
- */
-static inline uintptr_t pc_tree_flags_after_publish(const pc_promise *_Nonnull promise) {
-    return __atomic_load_n(&promise->tree_flags, __ATOMIC_SEQ_CST);
-}
-
-/*
  * Whether PC_HOLDS_SELF is set, as a hint. Relaxed, and inline: the publisher of every
  * promise that may hold asks before it publishes, to watch what its publish fires; it
  * reads pc_holds after pc_publish in any case (the Dekker pairing with pc_holds_add), and
