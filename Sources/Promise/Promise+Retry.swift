@@ -96,7 +96,11 @@ public struct RetryBackoff: Sendable, Equatable {
 
     /// `pause(afterAttempt:)` with the jitter drawn from `random`.
     func pause(afterAttempt attempt: Int, using random: inout some RandomNumberGenerator) -> Duration {
-        let pause = self.pause(afterAttempt: attempt)
+        jittered(pause(afterAttempt: attempt), using: &random)
+    }
+
+    /// `pause` spread by the jitter, drawn from `random`.
+    func jittered(_ pause: Duration, using random: inout some RandomNumberGenerator) -> Duration {
         guard jitter > 0, pause > .zero else { return pause }
         return pause * (1 - jitter * Double.random(in: 0...1, using: &random))
     }
@@ -406,17 +410,19 @@ extension Promise {
 
         /// Pauses as the backoff says after failed attempt `number`, then makes the next.
         @Sendable func pauseThenRetry(after number: Int, failedWith error: any Error) {
-            var random = SystemRandomNumberGenerator()
-            let delay = backoff.pause(afterAttempt: number, using: &random)
-            if delay <= .zero {
-                attempt(number + 1)
-                return
-            }
-            guard delay <= PromiseTimer.horizon else {
+            let planned = backoff.pause(afterAttempt: number)
+            guard planned <= PromiseTimer.horizon else {
                 // A pause that never elapses: no attempt can come after it. The run ends
                 // here, as when the attempts run out, rather than leave its caller waiting
-                // for ever.
+                // for ever. Decided before the jitter, so that one configuration always
+                // does the same.
                 run.output.reject(error)
+                return
+            }
+            var random = SystemRandomNumberGenerator()
+            let delay = backoff.jittered(planned, using: &random)
+            if delay <= .zero {
+                attempt(number + 1)
                 return
             }
             // The pause is the step in flight: cancelling the output cancels its timer,
