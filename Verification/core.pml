@@ -16,7 +16,10 @@
  *                   pc_children_take, pc_tree_flags_set, pc_tree_flags) as the Swift layer drives it
  *                   (AnyPromise.cancelOne, linkIntoParentChain, forEachLinkedChild): one
  *                   or two cancellers against children that push links, possibly pruning
- *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it).
+ *                   (-DNCHILD, -DNPRUNE, -DNCANCEL size it). With -DCLAIM_WINDOW, P is
+ *                   claimed by its handler but not yet published, and its claim may turn
+ *                   into an ancestor's cancel: cancellers, P's publisher, linked children
+ *                   (`make verify-claim-window`: a finding, the reasons split).
  *
  *   -DCYCLE         promises locking in to follow each other at the same time, and the
  *                   cycle check (a link store, a full fence, a walk of the links) that
@@ -489,6 +492,15 @@ bit  settled[NCHILD + 1];        /* the child's claim moved to an outcome */
 bit  forwarded[NCHILD + 1];      /* CANCEL_CLAIMED was set on the (settled) child */
 byte creason[NCHILD + 1];        /* the reason the cancel that settled or forwarded it passed */
 
+#ifdef CLAIM_WINDOW
+/* P is claimed by its handler (fulfillFromHandler) and not yet published: its claim may
+ * still turn into the cancel an ancestor forwarded (turnClaimIntoCancel, reason 3). */
+#define ANCESTOR_REASON 3
+byte pclaim = FULFILLED;     /* P's claim word */
+bit  ppublished = 0;         /* pc_publish(P) happened */
+byte preason = 0;            /* P's own cancel reason, once its claim turned */
+#endif
+
 /* uintptr_t pc_children_push(promise, link): CAS loop, then the full fetch-add. */
 inline pc_children_push(link) {
     seen = children;                                /* seen = AO_load(&children) */
@@ -656,6 +668,17 @@ inline for_each_linked_child(reapplying, byCanceller) {
 proctype Canceller(byte me) {
     REGISTRY_LOCALS;
     byte passed;
+#ifdef CLAIM_WINDOW
+    /* settleFailure(P) fails: P is claimed. else if isClaimedAsCancel && !isCancelled
+     * { return }: its publisher walks; isCancelled: no forwarding, walk with its reason */
+    if
+    :: pclaim == CANCELLED && !ppublished ->
+        printf("%d: canceller %d finds P claimed as cancelled, not published\n", _pid, me);
+        goto walked
+    :: pclaim == CANCELLED && ppublished -> goto walk
+    :: else
+    fi;
+#endif
     /* settleFailure(P) fails (P is fulfilled); !isCancelled;
      * pc_tree_flags_set(P, CANCEL_CLAIMED) */
     pc_tree_flags_set(CLAIMED, won);
@@ -679,10 +702,16 @@ proctype Canceller(byte me) {
 #endif
     fi;
     won = false;
+#ifdef CLAIM_WINDOW
+walk:
+#endif
     for_each_linked_child(false, true);             /* work.append(child) for each link */
     /* passedOn = cancelReasonForDescendants ?? reason */
     d_step {
         if
+#ifdef CLAIM_WINDOW
+        :: pclaim == CANCELLED && ppublished -> passed = preason
+#endif
         :: (tree_flags & PUBLISHED) != 0 -> passed = reason
         :: else -> passed = me
         fi
@@ -747,6 +776,41 @@ proctype Child(byte me) {
     fi
 }
 
+#ifdef CLAIM_WINDOW
+/* P's handler, after its claim: its ancestor check may find an ancestor's cancel and turn
+ * the claim into it; then pc_publish; then, if it turned, passOnClaimedCancel walks with
+ * P's own reason. A canceller that forwarded through P before the publish has walked
+ * already, with its own: the finding `make verify-claim-window` shows. */
+proctype Publisher() {
+    REGISTRY_LOCALS;
+    byte passed;
+    if
+    :: d_step { pclaim = CANCELLED; preason = ANCESTOR_REASON;
+                printf("%d: P's claim turns into the ancestor's cancel\n", _pid) }
+    :: skip
+    fi;
+    d_step { ppublished = 1; printf("%d: pc_publish(P)\n", _pid) };
+    if
+    :: pclaim == CANCELLED ->
+        passed = preason                            /* passOnClaimedCancel: cancel(reason: own) */
+    :: else -> goto published
+    fi;
+    for_each_linked_child(false, true);
+    c = 1;
+    do
+    :: c <= NCHILD ->
+        if
+        :: (kept & (1 << c)) != 0 -> cancel_child(c, passed)
+        :: else
+        fi;
+        c++
+    :: else -> break
+    od;
+published:
+    skip
+}
+#endif
+
 #define COVERED(c) (!pushed[c] || takenByCanceller[c] || sawPublished[c] || prunerSaw[c])
 #define ENDED_CANCELLED(c) (cclaim[c] == CANCELLED || (ctree_flags[c] & CLAIMED) != 0)
 
@@ -757,15 +821,32 @@ init {
 #if NCANCEL > 1
         run Canceller(2);
 #endif
+#ifdef CLAIM_WINDOW
+        /* children linked while P was pending (settled early, or their descendants in
+         * flight): their links are in P's registry already, and they wait */
+        c = 1;
+        do
+        :: c <= NCHILD ->
+            lnext[c] = children; children = c; pushed[c] = 1; c++
+        :: else -> break
+        od;
+        run Publisher();
+#else
         c = 1;
         do
         :: c <= NCHILD -> run Child(c); c++
         :: else -> break
         od;
+#endif
         c = 0
     }
     timeout;                            /* every call has returned */
+#ifdef CLAIM_WINDOW
+    /* the cancel was published, or P ended cancelled before any canceller forwarded */
+    assert((tree_flags & PUBLISHED) != 0 || pclaim == CANCELLED);
+#else
     assert((tree_flags & PUBLISHED) != 0);  /* the cancel was published */
+#endif
     c = 1;
     do
     :: c <= NCHILD ->
@@ -774,8 +855,13 @@ init {
         assert(pushed[c] && COVERED(c));
         /* so the cancel reached the child, which ended cancelled or forwarding it */
         assert(reached[c] && ENDED_CANCELLED(c));
-        /* with the reason P passes down: that of the cancel that won the forwarding */
+        /* with the reason P passes down: that of the cancel that won the forwarding, or
+         * P's own if it ended cancelled */
+#ifdef CLAIM_WINDOW
+        assert(creason[c] == (pclaim == CANCELLED -> preason : reason));
+#else
         assert(creason[c] == reason);
+#endif
         c++
     :: else -> break
     od

@@ -5,6 +5,9 @@
 #   make verify-deferred-order
 #                        shows (with a trail) that the deferred bodies of .immediate
 #                        observers need not run in registration order (README: findings)
+#   make verify-claim-window
+#                        shows (with a trail) a cancel's reason split in a claim's window
+#                        (README: findings)
 #
 # Runs go $(VERIFY_JOBS) at a time (make -j with --output-sync: each run's report stays
 # in one piece). Outputs (pan.c, pan, trails) go to $(VERIFY_DIR), never into the tree.
@@ -23,7 +26,7 @@ PAN_SAFETY    := $(PAN_CC) -DSAFETY -DNOCLAIM
 PAN_LIVENESS  := $(PAN_CC)
 PAN_BROKEN    := -O2 -w -DMEMLIM=$(VERIFY_MEMLIM) -DSAFETY -DNOCLAIM -DREACH
 
-.PHONY: verify verify-broken verify-deferred-order verify-deps
+.PHONY: verify verify-broken verify-deferred-order verify-claim-window verify-deps
 
 verify-deps:
 	@echo "==> verify-deps: looking for spin and a C compiler"
@@ -140,4 +143,11 @@ verify-broken: verify-deps
 verify-deferred-order: verify-deps
 	@$(VERIFY_RUN) fail deferred-order $(VERIFY_DIR) $(VERIFY_MODEL) \
 		'-DDEFERRED_ORDER' '$(PAN_BROKEN)' '-m100000 -w22 -I'
+
+# A finding (see Verification/README.md): a cancel that forwards through a handler's child
+# between its claim and its publish, while the claim turns into an ancestor's cancel, hands
+# its own reason to some descendants.
+verify-claim-window: verify-deps
+	@$(VERIFY_RUN) fail claim-window $(VERIFY_DIR) $(VERIFY_MODEL) \
+		'-DREGISTRY -DCLAIM_WINDOW -DNCHILD=2 -DNCANCEL=2' '$(PAN_BROKEN)' '-m100000 -w22 -I'
 $(eval $(call verify_run,broken-holds-bottom-up,fail,-DHOLDS -DBROKEN_BOTTOM_UP,$(PAN_BROKEN),-m100000 -I))
