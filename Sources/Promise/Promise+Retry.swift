@@ -1,3 +1,5 @@
+import Dispatch
+
 // `retry`: attempts, the pause between them (`RetryBackoff`), which errors are worth
 // another attempt, and the one step in flight a cancel must reach (`StepInFlight`).
 
@@ -94,15 +96,18 @@ public struct RetryBackoff: Sendable, Equatable {
         return nanoseconds < Double(Int64.max) ? .nanoseconds(Int64(nanoseconds)) : .seconds(seconds.rounded())
     }
 
-    /// `pause(afterAttempt:)` with the jitter drawn from `random`.
+    /// `pause(afterAttempt:)` with the jitter drawn from `random` (for tests: a run draws
+    /// from the system's generator, `jittered(_:draw:)`).
     func pause(afterAttempt attempt: Int, using random: inout some RandomNumberGenerator) -> Duration {
-        jittered(pause(afterAttempt: attempt), using: &random)
+        let pause = self.pause(afterAttempt: attempt)
+        guard jitter > 0, pause > .zero else { return pause }
+        return jittered(pause, draw: Double.random(in: 0...1, using: &random))
     }
 
-    /// `pause` spread by the jitter, drawn from `random`.
-    func jittered(_ pause: Duration, using random: inout some RandomNumberGenerator) -> Duration {
+    /// `pause` spread by the jitter, `draw` (from 0 to 1) saying where in its share.
+    func jittered(_ pause: Duration, draw: Double) -> Duration {
         guard jitter > 0, pause > .zero else { return pause }
-        return pause * (1 - jitter * Double.random(in: 0...1, using: &random))
+        return pause * (1 - jitter * draw)
     }
 }
 
@@ -215,8 +220,29 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
     /// Under the lock; nil once the output settled.
     private var userCode: Code?
 
+    /// The state of the run's jitter draws (`nextJitterDraw`), under the lock.
+    private var jitterState: UInt64
+
     init(_ code: Code) {
         userCode = code
+        jitterState = DispatchTime.now().uptimeNanoseconds
+        super.init()
+        jitterState ^= UInt64(UInt(bitPattern: ObjectIdentifier(self).hashValue))
+    }
+
+    /// A draw from 0 up to 1 for the jitter: SplitMix64 over the run's own state, seeded
+    /// from the clock and the run's address. Spread is all a jitter needs. Not the system
+    /// generator: ThreadSanitizer's builds crash instrumenting an `inout` of it (an empty
+    /// struct, whose address is whatever a register held), which every draw from it takes.
+    func nextJitterDraw() -> Double {
+        var z = withLock { () -> UInt64 in
+            jitterState &+= 0x9E37_79B9_7F4A_7C15
+            return jitterState
+        }
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        z ^= z >> 31
+        return Double(z >> 11) * 0x1p-53
     }
 
     /// The user's code, or nil once the output settled.
@@ -419,8 +445,7 @@ extension Promise {
                 run.output.reject(error)
                 return
             }
-            var random = SystemRandomNumberGenerator()
-            let delay = backoff.jittered(planned, using: &random)
+            let delay = backoff.jittered(planned, draw: run.nextJitterDraw())
             if delay <= .zero {
                 attempt(number + 1)
                 return
