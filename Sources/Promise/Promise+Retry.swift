@@ -120,6 +120,26 @@ extension Duration {
     }
 }
 
+/// SplitMix64 (Steele, Lea and Flood): a generator with 64 bits of state of its own, for
+/// spread, not secrecy (`retry`'s jitter, and tests). Not the system generator: it is an
+/// empty struct, and ThreadSanitizer's builds crash instrumenting an `inout` of it (its
+/// address is whatever a register held), which every draw from it takes.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) {
+        state = seed
+    }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
 /// `base` to the power `exponent` (at least 0), by squaring: `pow` would need Foundation
 /// or the C library. Overflows to infinity, which the cap then replaces.
 private func power(_ base: Double, _ exponent: Int) -> Double {
@@ -220,29 +240,20 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
     /// Under the lock; nil once the output settled.
     private var userCode: Code?
 
-    /// The state of the run's jitter draws (`nextJitterDraw`), under the lock.
-    private var jitterState: UInt64
+    /// The run's jitter draws (`nextJitterDraw`), under the lock.
+    private var jitterRandom: SplitMix64
 
     init(_ code: Code) {
         userCode = code
-        jitterState = DispatchTime.now().uptimeNanoseconds
+        jitterRandom = SplitMix64(seed: 0)  // seeded below, once the run has an address
         super.init()
-        jitterState ^= UInt64(UInt(bitPattern: ObjectIdentifier(self).hashValue))
+        jitterRandom = SplitMix64(seed: DispatchTime.now().uptimeNanoseconds ^ UInt64(UInt(bitPattern: ObjectIdentifier(self).hashValue)))
     }
 
-    /// A draw from 0 up to 1 for the jitter: SplitMix64 over the run's own state, seeded
-    /// from the clock and the run's address. Spread is all a jitter needs. Not the system
-    /// generator: ThreadSanitizer's builds crash instrumenting an `inout` of it (an empty
-    /// struct, whose address is whatever a register held), which every draw from it takes.
+    /// A draw from 0 up to 1 for the jitter, from the run's own generator, seeded from the
+    /// clock and the run's address: spread is all a jitter needs (see `SplitMix64`).
     func nextJitterDraw() -> Double {
-        var z = withLock { () -> UInt64 in
-            jitterState &+= 0x9E37_79B9_7F4A_7C15
-            return jitterState
-        }
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        z ^= z >> 31
-        return Double(z >> 11) * 0x1p-53
+        Double(withLock { jitterRandom.next() } >> 11) * 0x1p-53
     }
 
     /// The user's code, or nil once the output settled.

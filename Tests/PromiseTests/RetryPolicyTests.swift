@@ -75,7 +75,7 @@ final class RetryPolicyTests: XCTestCase {
         let backoff = RetryBackoff.fixed(.seconds(2), jitter: 0.5)
         // Seeded from the clock: the range checks below fail by chance with a
         // probability under 1e-40 (no draw among 1,000 in a 10 % band).
-        var random = TestRandom()
+        var random = SplitMix64(seed: DispatchTime.now().uptimeNanoseconds)
         let pauses = (0..<1000).map { _ in backoff.pause(afterAttempt: 1, using: &random) }
         XCTAssertTrue(pauses.allSatisfy { $0 >= .seconds(1) && $0 <= .seconds(2) }, "a pause left 1 s ... 2 s")
         XCTAssertLessThan(pauses.min()!, .milliseconds(1100), "the draws do not reach the bottom of the range")

@@ -31,21 +31,6 @@ struct WrappedError: Error, Sendable {
     let underlying: any Error
 }
 
-/// A random generator with state of its own (SplitMix64), seeded from the clock, for tests
-/// that pass one `inout`: ThreadSanitizer's builds crash instrumenting an `inout` of the
-/// system generator, an empty struct (its address is whatever a register held).
-struct TestRandom: RandomNumberGenerator {
-    private var state = DispatchTime.now().uptimeNanoseconds
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// A thread-safe append-only list.
 final class Recorder<T: Sendable>: @unchecked Sendable {
     private let lock = NSLock()
