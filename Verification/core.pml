@@ -74,6 +74,13 @@
  *   -DHOLDS -DBROKEN_BOTTOM_UP
  *                          addHold makes a promise's first hold visible before its parent
  *                          counts one for it (the order this session's first version used).
+ *   -DHOLDS -DBROKEN_NO_STATE_CHECK
+ *                          the promise going in flight does not read the state word after
+ *                          its SELF is visible (holdPathWhileInFlight's half of the Dekker
+ *                          pairing left out).
+ *   -DHOLDS -DBROKEN_SELF_TEST_THEN_CLEAR
+ *                          dropping SELF reads the bit, then clears it in a second step
+ *                          (not pc_holds_clear_self's one CAS).
  *
  *   -DPRUNE -DBROKEN_PRUNE_ON_TOP, -DBROKEN_PRUNE_NO_WAIT, -DBROKEN_PRUNE_PLAIN_PUT_BACK
  *                          the pruner puts its nodes back above newer ones; the publisher
@@ -1152,21 +1159,59 @@ init {
  * Promise 2 (G) is a child of a root, so it counts nothing; promise 1 (P) is G's child and
  * counts holds; promises 0 and 3 are P's children going in flight at the same time. For
  * each of them, Child(c) runs AnyPromise.addHold(SELF) (holdPathWhileInFlight) while
- * Settler(c) runs removeHold(SELF) as soon as SELF is visible (the publisher's half; the
- * Dekker pairing with the state word is model-independent and not repeated here).
- * `holds[n]` counts units (SELF included: a leaf has no other), `strong[n]` the strong
- * references that holds keep on promise n (retained by the first hold of a child, released
- * by its last). Each d_step is one atomic operation of pc_holds_* (full barriers: the
- * model is sequentially consistent).
+ * Settler(c) publishes it. Who drops SELF is the Dekker pairing of the two sides: the
+ * settler reads the SELF hint before pc_publish (publishClaimedOutcome: set, it drops SELF
+ * after the publish, publishLeavingFlight) and the holds word after it
+ * (pc_holds_after_publish: SELF there, it drops it, leaveFlight); the child, once its SELF
+ * is visible, reads the state word (pc_state_after_hold: published, it drops SELF itself).
+ * Either side's drop is removeHold(SELF), whose pc_holds_clear_self lets only one of them
+ * clear the bit and go on to the parent. `holds[n]` counts units (SELF included: a leaf
+ * has no other), `strong[n]` the strong references that holds keep on promise n (retained
+ * by the first hold of a child, released by its last). Each d_step is one atomic
+ * operation of pc_holds_* or of the state word (full barriers or seq_cst loads in the C
+ * code: the model is sequentially consistent).
  *
  * Properties: no hold is ever removed that was not added (pc_holds_remove_one's abort),
- * no strong reference is released that was not taken, and when every process is done,
- * every count is back to zero.
+ * no strong reference is released that was not taken, SELF is cleared once, and when
+ * every process is done, every count is back to zero (so at least one side dropped SELF).
  * ====================================================================================== */
 
 short holds[4];
 short strong[4];
 bit   selfset[4];
+bit   published[4];   /* the state word: pc_publish has run */
+byte  selfcleared[4]; /* how many times SELF was cleared (must end at 1) */
+
+/* removeHold(SELF, from: c), either side: pc_holds_clear_self, then, if that cleared the
+ * last unit, the parent's hold and the reference it kept. */
+inline drop_self(c) {
+#ifdef BROKEN_SELF_TEST_THEN_CLEAR
+    d_step { cleared = selfset[c] };                   /* looks, then clears: not one step */
+    if
+    :: cleared -> d_step { selfset[c] = 0; before = holds[c]; holds[c]-- }
+    :: else
+    fi;
+#else
+    d_step {
+        if
+        :: selfset[c] -> selfset[c] = 0; before = holds[c]; holds[c]--; cleared = 1
+        :: else -> cleared = 0
+        fi
+    };
+#endif
+    if
+    :: cleared ->
+        selfcleared[c]++;
+        assert(before >= 1);
+        if
+        :: before == 1 ->                              /* the last hold: up */
+            remove_one_at_parent();
+            strong[1]--; assert(strong[1] >= 0)
+        :: else
+        fi
+    :: else
+    fi
+}
 
 /* removeHold(ONE, from: P): P's last hold lets G go (G counts nothing). */
 inline remove_one_at_parent() {
@@ -1180,7 +1225,7 @@ inline remove_one_at_parent() {
 
 proctype Child(byte c) {
     short before, b1;
-    bool secured;
+    bool secured, cleared, seen;
 #ifdef BROKEN_BOTTOM_UP
     strong[1]++;                                                 /* parentIfAlive: P, kept */
     d_step { before = holds[c]; holds[c]++; selfset[c] = 1 };   /* the hold, visible first */
@@ -1214,17 +1259,28 @@ proctype Child(byte c) {
     fi;
     strong[1]--; assert(strong[1] >= 0)                          /* the walk lets go of P */
 #endif
+#ifndef BROKEN_NO_STATE_CHECK
+    d_step { seen = published[c] };                              /* pc_state_after_hold */
+    if
+    :: seen -> drop_self(c)                                      /* settled first: ours to drop */
+    :: else
+    fi
+#endif
 }
 
 proctype Settler(byte c) {
     short before, b1;
-    d_step { selfset[c] == 1 -> selfset[c] = 0; before = holds[c]; holds[c]-- };  /* clear SELF */
-    assert(before >= 1);
+    bool cleared, hint, seen;
+    d_step { hint = selfset[c] };                                /* pc_holds_self_hint */
+    d_step { published[c] = 1 };                                 /* pc_publish */
     if
-    :: before == 1 ->                                            /* our last hold: up */
-        remove_one_at_parent();
-        strong[1]--; assert(strong[1] >= 0)
-    :: else
+    :: hint -> drop_self(c)                                      /* publishLeavingFlight */
+    :: else ->
+        d_step { seen = selfset[c] };                            /* pc_holds_after_publish */
+        if
+        :: seen -> drop_self(c)                                  /* leaveFlight */
+        :: else
+        fi
     fi
 }
 
@@ -1235,7 +1291,8 @@ init {
     }
     timeout;
     assert(holds[0] == 0 && holds[1] == 0 && holds[3] == 0);
-    assert(strong[1] == 0 && strong[2] == 0)
+    assert(strong[1] == 0 && strong[2] == 0);
+    assert(selfcleared[0] == 1 && selfcleared[3] == 1)
 }
 #endif
 

@@ -151,3 +151,5 @@ verify-claim-window: verify-deps
 	@$(VERIFY_RUN) fail claim-window $(VERIFY_DIR) $(VERIFY_MODEL) \
 		'-DREGISTRY -DCLAIM_WINDOW -DNCHILD=2 -DNCANCEL=2' '$(PAN_BROKEN)' '-m100000 -w22 -I'
 $(eval $(call verify_run,broken-holds-bottom-up,fail,-DHOLDS -DBROKEN_BOTTOM_UP,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-holds-no-state-check,fail,-DHOLDS -DBROKEN_NO_STATE_CHECK,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-holds-self-test-then-clear,fail,-DHOLDS -DBROKEN_SELF_TEST_THEN_CLEAR,$(PAN_BROKEN),-m100000 -I))
