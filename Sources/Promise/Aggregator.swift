@@ -67,7 +67,7 @@ final class Aggregator: @unchecked Sendable {
     ///   - inputSettled: the policy. It reaches the output through a reference that does
     ///     not hold it (`unowned(unsafe)`): the aggregator holds it for as long as the
     ///     policy can run.
-    init(inputs: [AnyPromise], output: AnyPromise, countdown: Int, settledEarlyBy: SettledEarlyBy,
+    init(inputs: UnsafeBufferPointer<AnyPromise>, output: AnyPromise, countdown: Int, settledEarlyBy: SettledEarlyBy,
          inputSettled: @escaping InputSettled) {
         precondition(MemoryLayout<AggregatorSlot>.offset(of: \AggregatorSlot.node) == 0)
         count = inputs.count
@@ -95,7 +95,7 @@ final class Aggregator: @unchecked Sendable {
 
     /// Registers a slot on every input (each registration retains the aggregator): the
     /// same `inputs` as `init`'s, which the caller holds until this returns.
-    func start(_ inputs: [AnyPromise]) {
+    func start(_ inputs: UnsafeBufferPointer<AnyPromise>) {
         let owner = UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque())
         for (index, input) in inputs.enumerated() {
             let slot = slots + index
@@ -126,6 +126,24 @@ final class Aggregator: @unchecked Sendable {
 
     func result<V: Sendable>(at index: Int, as type: V.Type) -> Result<V, any Error> {
         unsafeDowncast(settledInput(at: index), to: Promise<V>.self).publishedResult
+    }
+
+    /// Every input's value, in input order (read after `countDown()` returned true).
+    /// A loop over indices, not `(0..<count).map`: called from a combinator generic over
+    /// `V`, `map` would run unspecialised, through `Range`'s witness table at every step.
+    func values<V: Sendable>(as type: V.Type) -> [V] {
+        Array(unsafeUninitializedCapacity: count) { buffer, initialized in
+            for index in 0..<count { (buffer.baseAddress.unsafelyUnwrapped + index).initialize(to: value(at: index, as: type)) }
+            initialized = count
+        }
+    }
+
+    /// Every input's outcome, in input order (as `values(as:)`).
+    func results<V: Sendable>(as type: V.Type) -> [Result<V, any Error>] {
+        Array(unsafeUninitializedCapacity: count) { buffer, initialized in
+            for index in 0..<count { (buffer.baseAddress.unsafelyUnwrapped + index).initialize(to: result(at: index, as: type)) }
+            initialized = count
+        }
     }
 
     /// The inputs that are still pending, retained: what a cancel of the output must

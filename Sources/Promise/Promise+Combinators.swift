@@ -29,7 +29,7 @@ extension Promise {
         return aggregate(promises, into: output, countdown: count, settledEarlyBy: .failure) { [unowned(unsafe) output] aggregator, _, input in
             if input.isFulfilled {
                 guard aggregator.countDown() else { return }
-                output.fulfill((0..<count).map { aggregator.value(at: $0, as: Value.self) })
+                output.fulfill(aggregator.values(as: Value.self))
             } else {
                 output.reject(input.failureOrCancellation)
             }
@@ -54,7 +54,7 @@ extension Promise {
         let count = promises.count
         return aggregate(promises, into: output, countdown: count, settledEarlyBy: .nothing) { [unowned(unsafe) output] aggregator, _, _ in
             guard aggregator.countDown() else { return }
-            output.fulfill((0..<count).map { aggregator.result(at: $0, as: Value.self) })
+            output.fulfill(aggregator.results(as: Value.self))
         }
     }
 
@@ -151,17 +151,25 @@ extension Promise {
     /// (settled or dropped), the aggregator and an unreferenced output are freed. Through
     /// that link a cancel of the output reaches the inputs still pending (`cancel`), and
     /// the cycle check sees what the output waits on (`wouldWaitOnItself`).
-    static func aggregate<Output: Sendable>(
-        _ inputs: [AnyPromise],
+    ///
+    /// The inputs are read through a buffer of `AnyPromise`, the same references rebound,
+    /// not converted with `as [AnyPromise]`: without Objective-C bridging, that upcast
+    /// copies the array with a dynamic cast per element, in code generic over the value.
+    static func aggregate<Input: AnyPromise, Output: Sendable>(
+        _ inputs: [Input],
         into output: Promise<Output>,
         countdown: Int,
         settledEarlyBy: Aggregator.SettledEarlyBy,
         _ inputSettled: @escaping Aggregator.InputSettled
     ) -> Promise<Output> {
-        let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown,
-                                    settledEarlyBy: settledEarlyBy, inputSettled: inputSettled)
-        output.recordAggregator(aggregator)
-        aggregator.start(inputs)
+        inputs.withUnsafeBufferPointer { typed in
+            typed.withMemoryRebound(to: AnyPromise.self) { inputs in
+                let aggregator = Aggregator(inputs: inputs, output: output, countdown: countdown,
+                                            settledEarlyBy: settledEarlyBy, inputSettled: inputSettled)
+                output.recordAggregator(aggregator)
+                aggregator.start(inputs)
+            }
+        }
         return output
     }
 }
