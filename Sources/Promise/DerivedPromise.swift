@@ -145,7 +145,7 @@ class DerivedPromise<Value: Sendable>: Promise<Value>, @unchecked Sendable {
         // old value through the handler's (opaque) release, and retain and release `self`
         // around that call.
         Self.initialize(&self.continuation, with: continuation)
-        observe(parent, as: .continuation)
+        observeAsContinuation(of: parent)
     }
 
     /// A child of `parent` (its `parent` and `root` say so) that registers nothing on it:

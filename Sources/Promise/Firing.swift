@@ -149,6 +149,31 @@ extension AnyPromise {
         }
     }
 
+    /// A new child's registration on its parent, from its initialiser. An `.immediate`
+    /// handler on a parent that has settled (not cancelled), with nothing firing on this
+    /// thread, runs now, exactly as registering would run it (the core would fire the node
+    /// at once and run its deferred half before `pc_observe` returns), without the node:
+    /// no registration CAS, fire, deferral, nor the node's retain of the child. The
+    /// caller of the continuation method holds the parent for the call, so the handler
+    /// borrows it. A parent cancelled, or whose cancel is being passed down, takes the
+    /// usual path (the registration runs at the end of the scope opened here, as inside
+    /// any firing), whose deferred half cancels the child; a cancel forwarded after that
+    /// look is found as on the usual path, by the child's claim (`cancelReasonFromAncestors`).
+    final func observeAsContinuation(of parent: AnyPromise) {
+        if runsHandlerInline, parent.beginInlineObservation() != nil {
+            if parent.carriesCancelForDescendants {
+                observe(parent, as: .continuation)
+            } else {
+                role = .continuation
+                settledParent = .borrowing(Unmanaged.passUnretained(parent))
+                runContinuationTakingParent()
+            }
+            parent.endInlineObservation()
+            return
+        }
+        observe(parent, as: .continuation)
+    }
+
     /// Runs the continuation with the parent that `settledParent` holds, then drops
     /// that hold: a settled child keeps nothing above it. Only for the thread the firing
     /// handed the child to (its context, or the settling thread's trampoline).
