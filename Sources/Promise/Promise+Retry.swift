@@ -219,7 +219,7 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
             defer { self.step = nil }
             return (self.step, stepIsPause)
         }
-        if isPause { step?.cancel() } else { step?.observerGaveUp() }
+        if isPause { step?.cancel() } else { step?.runStoppedWatching() }
     }
 }
 
@@ -441,7 +441,7 @@ extension Promise {
                 // An attempt that waits on the output would never settle it.
                 run.output.rejectAsCycleIfWaited(onBy: current)
                 // Settled meanwhile, after `leave` had looked for this step: give up now.
-                if !run.output.isPending { current.observerGaveUp() }
+                if !run.output.isPending { current.runStoppedWatching() }
             }
         }
 

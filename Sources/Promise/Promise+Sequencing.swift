@@ -167,7 +167,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
                 return (stopped, stopReason)
             }
             if stoppedAlready {
-                // A cancel reaches the step too; any other end leaves it alone.
+                // A cancel reaches the step too; any other end leaves it alone. Either way
+                // the run took it, so its error is read (it may have one already).
+                step.noteErrorSeen()
                 if let reason { step.cancel(reason: reason) }
                 return
             }
@@ -182,7 +184,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             if limit == 1 { output.rejectAsCycleIfWaited(onBy: step) }
             // Settled meanwhile, after `stop` had looked for this step's observer: it gives
             // up now.
-            if !output.isPending { step.observerGaveUp() }
+            if !output.isPending { step.runStoppedWatching() }
         }
     }
 
@@ -220,7 +222,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             })
         } else {
             // Settled or locked in meanwhile by someone else: what is in flight goes on.
-            for step in steps { step.observerGaveUp() }
+            for step in steps { step.runStoppedWatching() }
         }
     }
 
@@ -228,7 +230,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     /// output settled otherwise), leaves them: the observers on them give up.
     private func stop(cancelling reason: (any Error)?) {
         for step in stopTakingSteps(reason: reason) ?? [] {
-            if let reason { step.cancel(reason: reason) } else { step.observerGaveUp() }
+            if let reason { step.cancel(reason: reason) } else { step.runStoppedWatching() }
         }
     }
 

@@ -363,6 +363,15 @@ extension AnyPromise {
         guard rare.countGaveUp(), let kept = pruneObserversThatGaveUp() else { return }
         rare.prunedKeeping(kept)
     }
+
+    /// A run (`retry`, `sequence`, `all(_:maxConcurrent:)`) stops watching this step of
+    /// its: it counts as having read the step's error, as a combinator does its inputs'
+    /// (an error the step gets later, or got while nobody watched it, is no unhandled
+    /// rejection), and its observer, which waits for nothing now, may leave.
+    final func runStoppedWatching() {
+        noteErrorSeen()
+        observerGaveUp()
+    }
 }
 
 /// The prune's test (`pc_prune`, which holds the promise's stack meanwhile: it only looks):

@@ -320,6 +320,53 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(unhandled(50).count, 0, "\(events.values)")
     }
 
+    /// A step that outlives many runs, each settled from outside before the step did:
+    /// every run stopped watching it, counting as reading its error, so the error it gets
+    /// at last is not reported, whichever prune took the runs' observers off (`race`
+    /// already behaved so).
+    func testALongLivedStepOfRunsSettledFromOutsideIsNotReported() {
+        do {
+            let shared = Promise<Int>()
+            for _ in 0..<40 { Promise.retry(attempts: 1, on: .immediate) { shared }.fulfill(0) }
+            shared.reject(Marker(id: 52))
+        }
+        do {
+            let shared = Promise<Int>()
+            for _ in 0..<40 { Promise.sequence(on: .immediate, [1]) { _ in shared }.fulfill([]) }
+            shared.reject(Marker(id: 53))
+        }
+        do {
+            let shared = Promise<Int>()
+            for _ in 0..<40 { Promise.all([1], maxConcurrent: 1, on: .immediate) { _ in shared }.fulfill([]) }
+            shared.reject(Marker(id: 54))
+        }
+        XCTAssertEqual(unhandled(52).count, 0, "retry: \(events.values)")
+        XCTAssertEqual(unhandled(53).count, 0, "sequence: \(events.values)")
+        XCTAssertEqual(unhandled(54).count, 0, "all(_:maxConcurrent:): \(events.values)")
+    }
+
+    /// A step that the work returns after the run stopped (its output cancelled or settled
+    /// while the work ran) is taken by the run all the same: its error is read, not
+    /// reported, whether it already has one or gets it later.
+    func testAStepReturnedAfterTheRunStoppedIsNotReported() {
+        for (id, cancels) in [(55, true), (56, false)] {
+            let queue = DispatchQueue(label: "diagnostics.run")
+            let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
+            do {
+                let output = Promise.all([1], maxConcurrent: 1, on: queue) { _ -> Promise<Int> in
+                    entered.signal()
+                    gate.wait()
+                    return Promise(error: Marker(id: id))
+                }
+                XCTAssertEqual(entered.wait(timeout: .now() + testTimeoutSeconds), .success)
+                if cancels { output.cancel() } else { output.fulfill([]) }
+                gate.signal()
+                queue.sync {}  // the work returned its step, and the run let go of it
+            }
+            XCTAssertEqual(unhandled(id).count, 0, "output cancelled: \(cancels): \(events.values)")
+        }
+    }
+
     /// An `onCancel` handler waits for a cancel, which freeing is not: a promise with only
     /// that, dropped pending, is no broken promise (and its handler does not run).
     func testAPromiseWithOnlyAnOnCancelHandlerDroppedPendingIsNotBroken() {
