@@ -201,7 +201,12 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
             parent?.release()
             return  // cancelled meanwhile
         }
-        target.copyOutcome(from: source, tag: tag)
+        // An ancestor's cancel that came first wins over the adopted outcome.
+        if tag != UInt(PC_CANCELLED), let reason = target.cancelReasonAfterHolderClaim(keeping: parent) {
+            target.turnClaimIntoCancel(from: UInt32(tag), reason: reason)
+        } else {
+            target.copyOutcome(from: source, tag: tag)
+        }
         target.publishOutcomeFromHolder(keeping: parent)
         target.passOnClaimedCancel()
     }

@@ -158,19 +158,20 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     // MARK: Resolver side
 
     /// Fulfils the promise with `value`. Returns false, and changes nothing, if it had
-    /// already been settled (or is following another promise).
+    /// already been settled (or is following another promise). A derived promise (made by
+    /// `then` and the like) that a cancel of an ancestor reached first takes that cancel
+    /// instead, and this returns false: `.immediate` children waiting in the firing batch
+    /// of another thread read as pending until it reaches them (see the Cancellation
+    /// article).
     @inlinable @discardableResult
     public final func fulfill(_ value: Value) -> Bool {
         // Roots and a root's children keep nothing (see `publishKeepingParent`).
         guard holdsItsParentInFlight else {
             guard claim(from: PC_CLAIM_FREE, to: PC_FULFILLED) else { return false }
+            if !isRoot { return fulfillClaimedChild(value, keeping: nil) }  // a root's child
             storeValue(value)
             pc_publish(corePointer)
-            if !isRoot {
-                leaveParentIfPending()  // a root's child settled early
-            } else if rareStateWordValue != 0 {
-                settledRootLetsGoOfItsInputs()  // a combinator's output, say
-            }
+            if rareStateWordValue != 0 { settledRootLetsGoOfItsInputs() }  // a combinator's output, say
             return true
         }
         return fulfillKeepingParent(value)
@@ -186,12 +187,25 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
             parent?.release()
             return false
         }
+        return fulfillClaimedChild(value, keeping: parent)
+    }
+
+    /// The rest of `fulfill` for a derived promise whose holder won the claim: a cancel
+    /// that reached an ancestor first wins over the value, as over a handler's result
+    /// (`cancelReasonAfterHolderClaim`); then this returns false, the promise cancelled.
+    @inlinable @inline(never)
+    final func fulfillClaimedChild(_ value: Value, keeping parent: Unmanaged<AnyPromise>?) -> Bool {
+        if let reason = cancelReasonAfterHolderClaim(keeping: parent) {
+            publishHolderClaimAsCancel(from: PC_FULFILLED, reason: reason, keeping: parent)
+            return false
+        }
         storeValue(value)
         publishOutcomeFromHolder(keeping: parent)
         return true
     }
 
-    /// Rejects the promise with `error`. Returns false if it had already been settled.
+    /// Rejects the promise with `error`. Returns false if it had already been settled,
+    /// or if a cancel of an ancestor reached it first (as for `fulfill`).
     @inlinable @discardableResult
     public final func reject(_ error: any Error) -> Bool {
         settleFailure(error, as: PC_REJECTED)

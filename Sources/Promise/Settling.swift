@@ -22,6 +22,10 @@ extension AnyPromise {
         let from: UInt32
         if claim(from: PC_CLAIM_FREE, to: outcome) {
             from = PC_CLAIM_FREE
+            if outcome != PC_CANCELLED, !isRoot, let reason = cancelReasonAfterHolderClaim(keeping: parent) {
+                publishHolderClaimAsCancel(from: outcome, reason: reason, keeping: parent)
+                return nil  // an ancestor's cancel came first: the rejection lost to it
+            }
         } else if outcome == PC_CANCELLED && claim(from: PC_CLAIM_FOLLOWING, to: PC_CANCELLED) {
             from = PC_CLAIM_FOLLOWING
         } else {
@@ -31,6 +35,32 @@ extension AnyPromise {
         failure = error
         publishOutcomeFromHolder(keeping: parent)
         return from
+    }
+
+    /// For whoever holds a derived promise and has just claimed an outcome for it
+    /// (`fulfill`, `reject`, `resolve`, a `resolve(with:)` adoption): the reason of a
+    /// cancel that reached one of its ancestors first, which then wins, as it does over a
+    /// handler's result (`cancelReasonFromAncestors`); nil if there is none. Such a cancel
+    /// may have found this promise in no registry and no list: a child whose `.immediate`
+    /// handler waits in the firing batch of the thread settling its parent takes it only
+    /// when that thread reaches it, and a resolver calling in between must not win.
+    ///
+    /// - Parameter parent: the parent `parentToKeepForSettle` retained, if any; without
+    ///   it the parent is looked up (a root's child), and a dead one passes nothing down.
+    @usableFromInline
+    final func cancelReasonAfterHolderClaim(keeping parent: Unmanaged<AnyPromise>?) -> (any Error)? {
+        if let parent { return parent._withUnsafeGuaranteedRef { cancelReasonFromAncestors(parent: $0) } }
+        guard !isRoot, let parent = parentIfAlive else { return nil }
+        return cancelReasonFromAncestors(parent: parent)
+    }
+
+    /// Publishes the outcome a holder claimed as `from` as a cancel with `reason` instead
+    /// (`cancelReasonAfterHolderClaim` found one), and passes the cancel on.
+    @usableFromInline
+    final func publishHolderClaimAsCancel(from claimed: UInt32, reason: any Error, keeping parent: Unmanaged<AnyPromise>?) {
+        turnClaimIntoCancel(from: claimed, reason: reason)
+        publishOutcomeFromHolder(keeping: parent)
+        passOnClaimedCancel()
     }
 
     /// Whether nobody has settled this promise or locked it in to follow another yet (the

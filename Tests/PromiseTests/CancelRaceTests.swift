@@ -10,7 +10,10 @@
 //   pending) on another thread: the leaf's observer answers once, with the value or
 //   `brokenPromise`, and every step and value is freed;
 // - two cancels of a settled promise at once: every descendant, queued before or
-//   registered after, takes the reason of the one that won.
+//   registered after, takes the reason of the one that won;
+// - a cancel of a promise whose settling thread is still running its `.immediate`
+//   children: a child that waits in that firing batch takes the cancel, and a resolver
+//   (fulfil, reject, resolve) called after the cancel returned loses to it.
 import Dispatch
 import Foundation
 @testable import Promise
@@ -295,4 +298,39 @@ final class CancelRaceTests: XCTestCase {
         XCTAssertEqual(split.count, 0, "descendants took different reasons, e.g. \(split)")
     }
 
+
+    /// Thread A fulfils `p`, whose first `.immediate` child blocks inside its handler, so
+    /// the second waits in A's firing batch: on no list and in no registry. B cancels `p`
+    /// meanwhile, then settles that child by hand: the cancel came first, so the
+    /// resolver loses (it returns false) and the child, and below it a child queued on a
+    /// context, end cancelled with the cancel's reason; the child's handler never runs.
+    func testAResolverLosesToACancelThatReachedTheParentWhileItsChildWaitedInTheFiringBatch() {
+        for resolver in 0..<5 {
+            let p = Promise<Int>()
+            let inSlow = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+            let slow = p.then(on: .immediate) { value -> Int in inSlow.signal(); release.wait(); return value }
+            let ran = Flag()
+            let child = p.then(on: .immediate) { value -> Int in ran.set(); return value + 1 }
+            let below = child.then(on: DispatchQueue(label: "CancelRaceTests.below")) { $0 }
+            let settler = Thread { p.fulfill(1) }
+            settler.start()
+            XCTAssertEqual(inSlow.wait(timeout: .now() + testTimeoutSeconds), .success)
+            p.cancel(reason: TestError(6))
+            let won: Bool
+            switch resolver {
+            case 0: won = child.fulfill(42)
+            case 1: won = child.reject(TestError(1))
+            case 2: won = child.resolve(.success(42))
+            case 3: child.resolve(with: Promise(value: 42)); won = child.isFulfilled
+            default: child.resolve(with: Promise(error: TestError(2))); won = child.isRejected
+            }
+            release.signal()
+            XCTAssertFalse(won, "resolver \(resolver) won over the cancel that came first")
+            XCTAssertEqual(error(child) as? TestError, TestError(6), "resolver \(resolver): child \(child.state)")
+            XCTAssertTrue(child.isCancelled, "resolver \(resolver): child \(child.state)")
+            XCTAssertEqual(error(below) as? TestError, TestError(6), "resolver \(resolver): below \(below.state)")
+            XCTAssertEqual(try? slow.wait(timeout: testTimeout), nil, "the running handler's child takes the cancel too")
+            XCTAssertFalse(ran.isSet, "resolver \(resolver): the waiting child's handler ran")
+        }
+    }
 }
