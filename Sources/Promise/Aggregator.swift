@@ -53,9 +53,11 @@ final class Aggregator: @unchecked Sendable {
 
     let settledEarlyBy: SettledEarlyBy
     private let slots: UnsafeMutablePointer<AggregatorSlot>
-    /// The countdown (`countDown`) and the retirement gate (`pc_gate_enter`), two words.
+    /// The countdown (`countDown`), the retirement gate (`pc_gate_enter`) and the
+    /// cycle watch (`watchForCyclesAsInputsSettle`), three words.
     private let remaining: UnsafeMutablePointer<UInt>
     private var gate: UnsafeMutablePointer<UInt> { remaining + 1 }
+    private var cycleWatch: UnsafeMutablePointer<UInt> { remaining + 2 }
     private let inputSettled: InputSettled
     /// The output, retained: the aggregator is its resolver. Dropped with the settled
     /// inputs when the aggregator retires (`retire`).
@@ -74,9 +76,10 @@ final class Aggregator: @unchecked Sendable {
         self.settledEarlyBy = settledEarlyBy
         slots = .allocate(capacity: count)
         slots.initialize(repeating: AggregatorSlot(), count: count)
-        remaining = .allocate(capacity: 2)
+        remaining = .allocate(capacity: 3)
         remaining.initialize(to: UInt(countdown))
         (remaining + 1).initialize(to: 0)
+        (remaining + 2).initialize(to: 0)
         keptOutput = Unmanaged.passRetained(output)
         // Plain stores: nothing else sees the slots before `start` registers them (and the
         // output, linked to the aggregator before that, reaches it only after `init`
@@ -182,13 +185,44 @@ final class Aggregator: @unchecked Sendable {
         if gateEnter(gate) {
             slot.pointee.settled = Unmanaged.passRetained(source)
             inputSettled(self, slot.pointee.index, source)
-            outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { !$0.isPending }
+            outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { output in
+                // After the gate's read-modify-write (and the input's publish before it).
+                if output.isPending && wordAfterReadModifyWrite(cycleWatch) != 0 { rejectOutputIfItWaitsOnItself(output) }
+                return !output.isPending
+            }
         } else {
             // Retired: the input is not kept, so its link must not outlive it (the firing
             // holds it until this returns). `appendPendingInputs` may still run.
             UnownedLink.clear(inputWord(slot), ifPointingAt: UnownedLink.address(of: source))
         }
         if gateLeave(gate, request: outputSettled) { retire() }
+    }
+
+    /// Called by the cycle check's walk as it enters this aggregator from a promise that
+    /// locks in (`WaitWalk`), before it looks at the inputs: the output of `race`, `any`,
+    /// `all` or `and` waits on that promise only once no input can settle it any more,
+    /// which an input settling later without settling the output may bring about
+    /// (`all([a, b])` followed by `a`, then `b` fulfilled: only `a` can settle it now, and
+    /// `a` waits on it). From here on, each input that settles without settling the
+    /// output asks again (`rejectOutputIfItWaitsOnItself`). Dekker: the walk stores the
+    /// watch and fences, then reads the inputs' states; an input publishes, then its slot
+    /// reads the watch after the gate's read-modify-write. Either the walk sees the input
+    /// settled, or the input's slot sees the watch.
+    func watchForCyclesAsInputsSettle() {
+        guard wordAfterReadModifyWrite(cycleWatch) == 0 else { return }
+        storeWord(cycleWatch, 2)  // any value without the lock bit
+        fullFence()
+    }
+
+    /// An input settled without settling the output, after a promise that waits on the
+    /// output locked in: if every input still pending waits on the output, and no settled
+    /// one settles it, nothing can settle it any more, and it is rejected with
+    /// `PromiseError.cycle` (and the promises of the cycle, which wait on it, with it).
+    /// On the input's settling thread, inside the gate; no user code runs.
+    private func rejectOutputIfItWaitsOnItself(_ output: AnyPromise) {
+        var walk = WaitWalk(target: output)
+        guard walk.outputWaitsOnItself(through: self) else { return }
+        output.rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
     }
 
     /// Whether the aggregator retired: its output settled and what it kept was dropped,

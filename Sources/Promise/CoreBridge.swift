@@ -731,6 +731,17 @@ func countDownReachesZero(_ counter: UnsafeMutablePointer<UInt>) -> Bool {
 }
 
 /// Enters an aggregate's retirement gate; false once it retired (`pc_gate_enter`).
+/// A word's value, read after a read-modify-write of this thread's that the word's
+/// writer, having stored and fenced, may be looking for (`pc_word_load_after_rmw`).
+func wordAfterReadModifyWrite(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+    pc_word_load_after_rmw(word)
+}
+
+/// Stores `value` in a word no thread locks (release).
+func storeWord(_ word: UnsafeMutablePointer<UInt>, _ value: UInt) {
+    pc_word_store(word, value)
+}
+
 func gateEnter(_ gate: UnsafeMutablePointer<UInt>) -> Bool {
     pc_gate_enter(gate)
 }

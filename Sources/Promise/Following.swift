@@ -186,6 +186,15 @@ protocol WaitedOnByOutput: AnyObject {
 
     /// Which outcome of one of them settles the output before the others.
     var settledEarlyBy: Aggregator.SettledEarlyBy { get }
+
+    /// The walk is about to look at the inputs of an output that one of them may settle
+    /// first: ask again as they settle (an aggregator does; a run checks each step it
+    /// starts instead, `rejectAsCycleIfWaited`).
+    func watchForCyclesAsInputsSettle()
+}
+
+extension WaitedOnByOutput {
+    func watchForCyclesAsInputsSettle() {}
 }
 
 extension Aggregator: WaitedOnByOutput {}
@@ -284,6 +293,15 @@ struct WaitWalk {
         case combinator(any WaitedOnByOutput)
     }
 
+    /// Whether the target, a pending output, waits on itself through what settles it
+    /// (`settler`): an aggregator rechecking as an input settles
+    /// (`Aggregator.rejectOutputIfItWaitsOnItself`).
+    mutating func outputWaitsOnItself(through settler: any WaitedOnByOutput) -> Bool {
+        var branches: [AnyPromise] = []
+        if enter(settler, depth: 0, branches: &branches) { return true }
+        return branches.contains { reaches(from: $0) }
+    }
+
     /// Whether `source` waits on the target. `depth`: how many levels of outputs that one
     /// input may settle the walk is inside. Those levels neither use nor fill the set of
     /// what was met (a chain met before may reach the target, which "met" does not say),
@@ -350,13 +368,16 @@ struct WaitWalk {
             guard seen.insert(address).inserted else { return false }
         }
         kept.append(aggregator)
+        let early = aggregator.settledEarlyBy
+        // Before the inputs are read: one that settles after this look, without settling
+        // the output, may leave it waiting on the target after all.
+        if early != .nothing { aggregator.watchForCyclesAsInputsSettle() }
         var inputs: [AnyPromise] = []
         let limit = max(budget, 0)
         let (complete, unlinked) = aggregator.appendLinkedInputs(to: &inputs, limit: limit)
         budget -= inputs.count
         let target = self.target
         let isTarget = { (input: AnyPromise) in UnsafeMutableRawPointer(Unmanaged.passUnretained(input).toOpaque()) == target }
-        let early = aggregator.settledEarlyBy
         if early == .nothing {
             // `allSettled` waits on each input still pending.
             if inputs.contains(where: isTarget) { return true }

@@ -210,6 +210,75 @@ final class CycleTests: XCTestCase {
         assertCycle(t)
     }
 
+    /// The other input settles after the follower locked in, without settling the output
+    /// (`all`'s fulfils, `any`'s rejects): from then on only the follower could settle the
+    /// output, and it waits on it. The output, and the promises of the cycle with it, reject
+    /// with `PromiseError.cycle`, as when the other input had settled first; an input that
+    /// does settle the output still wins.
+    func testACycleClosedByAnotherInputSettlingLaterRejects() {
+        let a = Promise<Int>(), b = Promise<Int>()
+        let all = Promise.all([a, b])
+        a.resolve(with: all.map(on: .immediate) { $0[1] })
+        XCTAssertTrue(a.isPending, "b may still reject the output")
+        b.fulfill(1)
+        assertCycle(all)
+        assertCycle(a)
+
+        let c = Promise<Int>(), d = Promise<Int>()
+        let any = Promise.any([c, d])
+        c.resolve(with: any)
+        d.reject(TestError(3))
+        assertCycle(any)
+        assertCycle(c)
+
+        let e = Promise<Int>(), f = Promise<Int>(), g = Promise<Int>()
+        let both = e.and(f, g)
+        e.resolve(with: both.map(on: .immediate) { $0.0 })
+        f.fulfill(1)
+        XCTAssertTrue(e.isPending, "g may still reject the output")
+        g.fulfill(2)
+        assertCycle(both)
+        assertCycle(e)
+
+        // Still an input that settles the output: no cycle.
+        let h = Promise<Int>(), i = Promise<Int>(), j = Promise<Int>()
+        let settledByInput = Promise.all([h, i, j])
+        h.resolve(with: settledByInput.map(on: .immediate) { $0[1] })
+        i.fulfill(1)
+        j.reject(TestError(4))
+        XCTAssertEqual(error(settledByInput) as? TestError, TestError(4))
+        XCTAssertEqual(error(h) as? TestError, TestError(4))
+
+        // Through a nested combinator: the inner `race`'s other input settles later.
+        let k = Promise<Int>(), l = Promise<Int>(), m = Promise<Int>()
+        let inner = Promise.race([k.then(on: .immediate) { $0 }, l])
+        let outer = Promise.all([inner, m])
+        k.resolve(with: outer.map(on: .immediate) { $0[0] })
+        m.fulfill(1)
+        XCTAssertTrue(k.isPending, "l may still settle the race")
+        l.reject(TestError(5))  // settles the race, and so the outer output: no cycle
+        XCTAssertEqual(error(outer) as? TestError, TestError(5))
+    }
+
+    /// The same, with the other input settling on another thread while the follower locks
+    /// in: whichever comes first, the cycle is found (the aggregator's cycle watch and the
+    /// input's publish are a Dekker pairing).
+    func testACycleClosedByAnInputSettlingDuringTheLockInRejects() {
+        for round in 0..<2_000 {
+            let a = Promise<Int>(), b = Promise<Int>()
+            let all = Promise.all([a, b])
+            let follower = all.map(on: .immediate) { $0[1] }
+            let go = DispatchSemaphore(value: 0)
+            let settler = Thread { go.wait(); b.fulfill(round) }
+            settler.start()
+            go.signal()
+            a.resolve(with: follower)
+            guard case PromiseError.cycle? = error(all) else {
+                return XCTFail("round \(round): the output ended \(all.state)")
+            }
+        }
+    }
+
     /// Inputs that share a long pending chain: the walk takes the chain once, and finds
     /// the cycle at its end.
     func testInputsSharingAPendingChainAreWalkedOnce() {

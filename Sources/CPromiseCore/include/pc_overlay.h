@@ -114,6 +114,18 @@ static inline uintptr_t pc_word_load(const uintptr_t *_Nonnull word) {
 }
 
 /*
+ * The word, for one side of a Dekker pairing whose other side stores to this word, then
+ * fences (pc_fence), then reads what this side wrote with a full read-modify-write just
+ * before this load (a combinator input's publish, then its aggregator's gate). seq_cst,
+ * not acquire, for the reason given at pc_holds_after_publish (pc_registry.h): an acquire
+ * load may be satisfied before the preceding read-modify-write's store is visible. On x86
+ * it is a plain load.
+ */
+static inline uintptr_t pc_word_load_after_rmw(const uintptr_t *_Nonnull word) {
+    return __atomic_load_n(word, __ATOMIC_SEQ_CST);
+}
+
+/*
  * Moves a word from 0 to `value` (not 0, lock bit clear) in one CAS; true for the one
  * caller that did. For a target made on first use by whichever thread needs it first
  * (the overlay's rare state): the losers drop theirs and load the winner's. Release:
