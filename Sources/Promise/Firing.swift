@@ -159,19 +159,27 @@ extension AnyPromise {
     /// usual path (the registration runs at the end of the scope opened here, as inside
     /// any firing), whose deferred half cancels the child; a cancel forwarded after that
     /// look is found as on the usual path, by the child's claim (`cancelReasonFromAncestors`).
+    @inline(__always)  // into the initialiser, as the registration was: no retain of `parent`
     final func observeAsContinuation(of parent: AnyPromise) {
-        if runsHandlerInline, parent.beginInlineObservation() != nil {
-            if parent.carriesCancelForDescendants {
-                observe(parent, as: .continuation)
-            } else {
-                role = .continuation
-                settledParent = .borrowing(Unmanaged.passUnretained(parent))
-                runContinuationTakingParent()
-            }
-            parent.endInlineObservation()
-            return
+        // `isPending` first: an inline load, where most parents are pending (a chain built
+        // ahead), spares the call into the core.
+        if runsHandlerInline, !parent.isPending, parent.beginInlineObservation() != nil {
+            return runOnSettledParentInScope(parent)
         }
         observe(parent, as: .continuation)
+    }
+
+    /// `observeAsContinuation`'s inline run, in the scope `beginInlineObservation` opened.
+    @inline(never)
+    private final func runOnSettledParentInScope(_ parent: AnyPromise) {
+        if parent.carriesCancelForDescendants {
+            observe(parent, as: .continuation)
+        } else {
+            role = .continuation
+            settledParent = .borrowing(Unmanaged.passUnretained(parent))
+            runContinuationTakingParent()
+        }
+        parent.endInlineObservation()
     }
 
     /// Runs the continuation with the parent that `settledParent` holds, then drops
