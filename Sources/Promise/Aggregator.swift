@@ -210,19 +210,51 @@ final class Aggregator: @unchecked Sendable {
     /// settled, or the input's slot sees the watch.
     func watchForCyclesAsInputsSettle() {
         guard wordAfterReadModifyWrite(cycleWatch) == 0 else { return }
-        storeWord(cycleWatch, 2)  // any value without the lock bit
+        storeWord(cycleWatch, Aggregator.watchWord(escapeHint: 0))
         fullFence()
     }
+
+    /// The cycle watch's word: set (never 0, lock bit clear), with the index of the input
+    /// the last recheck found to be a way out, where the next one starts.
+    private static func watchWord(escapeHint index: Int) -> UInt { UInt(index + 1) << 1 }
 
     /// An input settled without settling the output, after a promise that waits on the
     /// output locked in: if every input still pending waits on the output, and no settled
     /// one settles it, nothing can settle it any more, and it is rejected with
     /// `PromiseError.cycle` (and the promises of the cycle, which wait on it, with it).
     /// On the input's settling thread, inside the gate; no user code runs.
+    ///
+    /// Cost: the scan stops at the first input that is a way out (pending and not waiting
+    /// on the output, or settled in a way that settles it), and starts at the one the last
+    /// scan stopped at, which is where a way out is most likely still to be: inputs settled
+    /// in order cost O(1) each, not a scan of every input.
     private func rejectOutputIfItWaitsOnItself(_ output: AnyPromise) {
+        let start = max(Int(wordAfterReadModifyWrite(cycleWatch) >> 1) - 1, 0) % count
         var walk = WaitWalk(target: output)
-        guard walk.outputWaitsOnItself(through: self) else { return }
-        output.rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
+        var waitsOnItself = false
+        walk.asking(about: self) { walk in
+            var sawPending = false
+            for step in 0..<count {
+                let index = (start + step) % count
+                // Gone (it died pending: its slot fired broken) or let go: not waiting.
+                guard let input = UnownedLink.load(inputWord(slots + index)) else {
+                    storeWord(cycleWatch, Aggregator.watchWord(escapeHint: index))
+                    return
+                }
+                let tag = input.publishedTag
+                if tag == UInt(PC_PENDING) {
+                    guard walk.reaches(from: input, depth: 1) else {
+                        storeWord(cycleWatch, Aggregator.watchWord(escapeHint: index))
+                        return
+                    }
+                    sawPending = true
+                } else if settledEarlyBy.settles(withTag: tag) {
+                    return  // settling the output, if not done yet
+                }
+            }
+            waitsOnItself = sawPending
+        }
+        if waitsOnItself { output.rejectAsCycle(parent: nil, from: PC_CLAIM_FREE) }
     }
 
     /// Whether the aggregator retired: its output settled and what it kept was dropped,

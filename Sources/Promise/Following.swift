@@ -279,6 +279,11 @@ struct WaitWalk {
     /// walk, so that no address in the set is reused by another object meanwhile.
     private var seen: Set<UnsafeMutableRawPointer> = []
     private var kept: [AnyObject] = []
+    /// The aggregators whose question "can no input settle the output?" is being asked,
+    /// outermost first. An input whose chain comes back to one of them waits on that
+    /// output, so it is no way out of it: the answer for that branch is yes, not the
+    /// nesting limit's "cannot tell" (two followers of one `all`, say).
+    private var asked: [UnsafeMutableRawPointer] = []
 
     init(target: AnyPromise) {
         self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
@@ -293,13 +298,14 @@ struct WaitWalk {
         case combinator(any WaitedOnByOutput)
     }
 
-    /// Whether the target, a pending output, waits on itself through what settles it
-    /// (`settler`): an aggregator rechecking as an input settles
-    /// (`Aggregator.rejectOutputIfItWaitsOnItself`).
-    mutating func outputWaitsOnItself(through settler: any WaitedOnByOutput) -> Bool {
-        var branches: [AnyPromise] = []
-        if enter(settler, depth: 0, branches: &branches) { return true }
-        return branches.contains { reaches(from: $0) }
+    /// Runs `body` (an aggregator's recheck, `Aggregator.rejectOutputIfItWaitsOnItself`)
+    /// with `aggregator` among those asked about: an input whose chain comes back to it
+    /// waits on it, as in `enter`.
+    mutating func asking<R>(about aggregator: AnyObject, _ body: (inout WaitWalk) -> R) -> R {
+        branched = true
+        asked.append(UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque()))
+        defer { asked.removeLast() }
+        return body(&self)
     }
 
     /// Whether `source` waits on the target. `depth`: how many levels of outputs that one
@@ -363,8 +369,9 @@ struct WaitWalk {
     /// inputs are looked at.
     private mutating func enter(_ aggregator: any WaitedOnByOutput, depth: Int, branches: inout [AnyPromise]) -> Bool {
         branched = true
+        let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator as AnyObject).toOpaque())
+        if asked.contains(address) { return true }  // back at an output being asked about
         if depth == 0 {
-            let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator as AnyObject).toOpaque())
             guard seen.insert(address).inserted else { return false }
         }
         kept.append(aggregator)
@@ -387,6 +394,8 @@ struct WaitWalk {
         // One input may settle the output first: it waits on the target only if no input
         // can, looking at all of them (an input past the budget, or one gone, might).
         guard complete, !unlinked, depth < WaitWalk.nesting else { return false }
+        asked.append(address)
+        defer { asked.removeLast() }
         var waitsOnTarget = false
         for input in inputs where !isTarget(input) {
             let tag = input.publishedTag

@@ -45,14 +45,27 @@ extension AnyPromise {
     /// handler waits in the firing batch of the thread settling its parent takes it only
     /// when that thread reaches it, and a resolver calling in between must not win.
     ///
+    /// The look passes at most `AnyPromise.holderLookupPendingLimit` pending ancestors
+    /// (each one of a batch waiting to run, or below one): a handler looks up once its
+    /// parent has settled, in O(1) in a quiet epoch, but a holder may settle the children
+    /// of a long pending chain one by one, where a full walk each time would cost the
+    /// chain's length squared.
+    ///
     /// - Parameter parent: the parent `parentToKeepForSettle` retained, if any; without
     ///   it the parent is looked up (a root's child), and a dead one passes nothing down.
     @usableFromInline
     final func cancelReasonAfterHolderClaim(keeping parent: Unmanaged<AnyPromise>?) -> (any Error)? {
-        if let parent { return parent._withUnsafeGuaranteedRef { cancelReasonFromAncestors(parent: $0) } }
+        // Not recording what it verified: a look cut short vouches for nothing above.
+        let limit = AnyPromise.holderLookupPendingLimit
+        if let parent {
+            return parent._withUnsafeGuaranteedRef { cancelReasonFromAncestors(parent: $0, recording: false, pendingLimit: limit) }
+        }
         guard !isRoot, let parent = parentIfAlive else { return nil }
-        return cancelReasonFromAncestors(parent: parent)
+        return cancelReasonFromAncestors(parent: parent, recording: false, pendingLimit: limit)
     }
+
+    /// How many pending ancestors a holder's look above passes (`cancelReasonAfterHolderClaim`).
+    static let holderLookupPendingLimit = 16
 
     /// Publishes the outcome a holder claimed as `from` as a cancel with `reason` instead
     /// (`cancelReasonAfterHolderClaim` found one), and passes the cancel on.

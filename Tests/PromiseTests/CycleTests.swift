@@ -260,6 +260,53 @@ final class CycleTests: XCTestCase {
         XCTAssertEqual(error(outer) as? TestError, TestError(5))
     }
 
+    /// Two inputs of one combinator follow it: each one's walk comes back to the
+    /// combinator it is asking about, which makes that input no way out (not the nesting
+    /// limit's "cannot tell"), whichever locks in last and whether a third input settles
+    /// before or after.
+    func testTwoInputsFollowingTheirOwnCombinatorCloseACycle() {
+        let a = Promise<Int>(), b = Promise<Int>()
+        let all = Promise.all([a, b])
+        a.resolve(with: all.map(on: .immediate) { $0[0] })
+        XCTAssertTrue(a.isPending, "b could still settle it")
+        b.resolve(with: all.map(on: .immediate) { $0[1] })
+        assertCycle(all)
+        assertCycle(a)
+        assertCycle(b)
+
+        let c = Promise<Int>(), d = Promise<Int>(), e = Promise<Int>()
+        let three = Promise.all([c, d, e])
+        c.resolve(with: three.map(on: .immediate) { $0[1] })
+        d.fulfill(1)
+        XCTAssertTrue(three.isPending, "e may still reject it")
+        e.resolve(with: three.map(on: .immediate) { $0[2] })
+        assertCycle(three)
+
+        // Nested: the inner `any`'s last way out rejects after both followers locked in.
+        let f = Promise<Int>(), g = Promise<Int>(), h = Promise<Int>()
+        let inner = Promise.any([g, h])
+        let outer = Promise.all([f, inner])
+        f.resolve(with: outer.map(on: .immediate) { $0[0] })
+        g.resolve(with: outer.map(on: .immediate) { $0[1] })
+        XCTAssertTrue(outer.isPending, "h may still fulfil the inner any")
+        h.reject(TestError(1))
+        assertCycle(outer)
+        assertCycle(inner)
+    }
+
+    /// A combinator of more inputs than the walk's budget, every one but the follower
+    /// settled one by one: the recheck starts where its last scan found a way out, so it
+    /// finds the cycle at the last settle, however many inputs came before.
+    func testACycleThroughALargeCombinatorIsFoundAtItsLastWayOut() {
+        let follower = Promise<Int>()
+        let others = (0..<3_000).map { _ in Promise<Int>() }
+        let all = Promise.all([follower] + others)
+        follower.resolve(with: all.map(on: .immediate) { $0[1] })
+        for (index, other) in others.enumerated() { other.fulfill(index) }
+        assertCycle(all)
+        assertCycle(follower)
+    }
+
     /// The same, with the other input settling on another thread while the follower locks
     /// in: whichever comes first, the cycle is found (the aggregator's cycle watch and the
     /// input's publish are a Dekker pairing).
