@@ -220,8 +220,11 @@ final class Aggregator: @unchecked Sendable {
 
     /// An input settled without settling the output, after a promise that waits on the
     /// output locked in: if every input still pending waits on the output, and no settled
-    /// one settles it, nothing can settle it any more, and it is rejected with
-    /// `PromiseError.cycle` (and the promises of the cycle, which wait on it, with it).
+    /// one settles it, nothing can settle it any more. Then the first pending input that
+    /// follows a promise (the one whose lock-in made the cycle, as a rule) is rejected with
+    /// `PromiseError.cycle`, as a lock-in that closes a cycle rejects itself, so that the
+    /// cycle ends the same whichever came last, the lock-in or this settle (an outer
+    /// `any` then wraps the error like any input's); with no such input, the output is.
     /// On the input's settling thread, inside the gate; no user code runs.
     ///
     /// Cost: the scan stops at the first input that is a way out (pending and not waiting
@@ -232,6 +235,7 @@ final class Aggregator: @unchecked Sendable {
         let start = max(Int(wordAfterReadModifyWrite(cycleWatch) >> 1) - 1, 0) % count
         var walk = WaitWalk(target: output)
         var waitsOnItself = false
+        var follower: AnyPromise? = nil
         walk.asking(about: self) { walk in
             var sawPending = false
             for step in 0..<count {
@@ -248,13 +252,19 @@ final class Aggregator: @unchecked Sendable {
                         return
                     }
                     sawPending = true
+                    if follower == nil && input.claimHint == UInt(PC_CLAIM_FOLLOWING) { follower = input }
                 } else if settledEarlyBy.settles(withTag: tag) {
                     return  // settling the output, if not done yet
                 }
             }
             waitsOnItself = sawPending
         }
-        if waitsOnItself { output.rejectAsCycle(parent: nil, from: PC_CLAIM_FREE) }
+        guard waitsOnItself else { return }
+        if let follower {
+            follower.rejectAsCycle(parent: nil)
+        } else {
+            output.rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
+        }
     }
 
     /// Whether the aggregator retired: its output settled and what it kept was dropped,

@@ -229,8 +229,7 @@ extension AnyPromise {
     ///
     /// `parent` is borrowed from the caller, which holds it (not an optional: binding one
     /// would make an owned copy, a retain and a release on every handler's claim).
-    final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true,
-                                         pendingLimit: Int = .max) -> (any Error)? {
+    final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS (a full barrier), so the load cannot move above it.
         let epoch = ForwardingEpoch.current
         let quiet = ForwardingEpoch.isQuiet(epoch)
@@ -238,7 +237,7 @@ extension AnyPromise {
         // parent): no cancel on the parent, and it verified this epoch.
         let reason = !parent.carriesCancelForDescendants && AnyPromise.covers(parent, epoch: epoch, quiet: quiet)
             ? nil
-            : AnyPromise.reasonAbove(startingAt: parent, epoch: epoch, quiet: quiet, pendingLimit: pendingLimit)
+            : AnyPromise.reasonAbove(startingAt: parent, epoch: epoch, quiet: quiet)
         if reason == nil && recording { verifiedEpoch = quiet ? epoch : AncestorCheck.unverified }
         return reason
     }
@@ -252,19 +251,13 @@ extension AnyPromise {
     /// The first reason found walking up from `start` until an ancestor vouches for those
     /// above it (a separate function: its strong references stay off the common path).
     @inline(never)
-    private static func reasonAbove(startingAt start: AnyPromise, epoch: UInt, quiet: Bool, pendingLimit: Int) -> (any Error)? {
+    private static func reasonAbove(startingAt start: AnyPromise, epoch: UInt, quiet: Bool) -> (any Error)? {
         var ancestor = start
-        var pendingPassed = 0
         while true {
             if let reason = ancestor.cancelReasonForDescendants { return reason }
             // A pending ancestor's record is not published yet (its claim writes it, on
             // its own thread, before the publish whose acquire makes it readable here).
-            if ancestor.isPending {
-                pendingPassed += 1
-                if pendingPassed > pendingLimit { return nil }
-            } else if covers(ancestor, epoch: epoch, quiet: quiet) {
-                return nil
-            }
+            if !ancestor.isPending && covers(ancestor, epoch: epoch, quiet: quiet) { return nil }
             // An ancestor that died has nobody left to cancel it, and passes nothing down.
             guard let up = ancestor.parentIfAlive else { return nil }
             ancestor = up

@@ -45,27 +45,25 @@ extension AnyPromise {
     /// handler waits in the firing batch of the thread settling its parent takes it only
     /// when that thread reaches it, and a resolver calling in between must not win.
     ///
-    /// The look passes at most `AnyPromise.holderLookupPendingLimit` pending ancestors
-    /// (each one of a batch waiting to run, or below one): a handler looks up once its
-    /// parent has settled, in O(1) in a quiet epoch, but a holder may settle the children
-    /// of a long pending chain one by one, where a full walk each time would cost the
-    /// chain's length squared.
+    /// Cost: a handler looks up once its parent has settled, in O(1) in a quiet epoch;
+    /// a holder's look passes every pending ancestor up to the first settled one (each
+    /// may be in, or below, a batch waiting to run), so settling by hand the children of
+    /// a long pending chain one by one costs the chain's length each, the length squared
+    /// in all. Cutting the look short would let a resolver win over a cancel that came
+    /// first below a deep enough chain.
     ///
     /// - Parameter parent: the parent `parentToKeepForSettle` retained, if any; without
     ///   it the parent is looked up (a root's child), and a dead one passes nothing down.
     @usableFromInline
     final func cancelReasonAfterHolderClaim(keeping parent: Unmanaged<AnyPromise>?) -> (any Error)? {
-        // Not recording what it verified: a look cut short vouches for nothing above.
-        let limit = AnyPromise.holderLookupPendingLimit
+        // Not recording what it verified: the settle is not a handler's, which is what
+        // descendants trust (`verifiedEpoch`).
         if let parent {
-            return parent._withUnsafeGuaranteedRef { cancelReasonFromAncestors(parent: $0, recording: false, pendingLimit: limit) }
+            return parent._withUnsafeGuaranteedRef { cancelReasonFromAncestors(parent: $0, recording: false) }
         }
         guard !isRoot, let parent = parentIfAlive else { return nil }
-        return cancelReasonFromAncestors(parent: parent, recording: false, pendingLimit: limit)
+        return cancelReasonFromAncestors(parent: parent, recording: false)
     }
-
-    /// How many pending ancestors a holder's look above passes (`cancelReasonAfterHolderClaim`).
-    static let holderLookupPendingLimit = 16
 
     /// Publishes the outcome a holder claimed as `from` as a cancel with `reason` instead
     /// (`cancelReasonAfterHolderClaim` found one), and passes the cancel on.

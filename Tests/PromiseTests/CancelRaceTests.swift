@@ -299,6 +299,42 @@ final class CancelRaceTests: XCTestCase {
     }
 
 
+    /// The same with the resolver far below the waiting child: a chain of `.immediate`
+    /// steps under it, still pending, whose leaf is settled by hand, or whose `timeout`
+    /// fires (a manual clock, advanced after the cancel). The look above passes every
+    /// pending step, however many.
+    func testAResolverFarBelowAChildInTheFiringBatchLosesToTheCancel() {
+        for depth in [1, 16, 17, 40] {
+            for resolver in 0..<3 {
+                let p = Promise<Int>()
+                let inSlow = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+                let slow = p.then(on: .immediate) { value -> Int in inSlow.signal(); release.wait(); return value }
+                var leaf = p.then(on: .immediate) { $0 }
+                for _ in 0..<depth { leaf = leaf.then(on: .immediate) { $0 } }
+                let clock = ManualClock()
+                let timedOut = leaf.timeout(.seconds(1), clock: clock)
+                let settler = Thread { p.fulfill(1) }
+                settler.start()
+                XCTAssertEqual(inSlow.wait(timeout: .now() + testTimeoutSeconds), .success)
+                p.cancel(reason: TestError(6))
+                var outcome = leaf
+                switch resolver {
+                case 0: XCTAssertFalse(leaf.fulfill(42), "depth \(depth): a fulfil won over the cancel")
+                case 1: leaf.resolve(with: Promise(value: 42))
+                default:
+                    clock.advance(by: .seconds(2))  // the timer rejects, after the cancel
+                    outcome = timedOut
+                    XCTAssertTrue(eventually { !timedOut.isPending }, "depth \(depth): the timer never fired")
+                }
+                let settledMeanwhile = !outcome.isPending
+                release.signal()
+                XCTAssertTrue(settledMeanwhile || resolver == 0, "depth \(depth), resolver \(resolver): still pending")
+                XCTAssertEqual(error(outcome) as? TestError, TestError(6), "depth \(depth), resolver \(resolver): \(outcome.state)")
+                _ = try? slow.wait(timeout: testTimeout)
+            }
+        }
+    }
+
     /// Thread A fulfils `p`, whose first `.immediate` child blocks inside its handler, so
     /// the second waits in A's firing batch: on no list and in no registry. B cancels `p`
     /// meanwhile, then settles that child by hand: the cancel came first, so the

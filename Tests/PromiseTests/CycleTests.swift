@@ -228,8 +228,13 @@ final class CycleTests: XCTestCase {
         let any = Promise.any([c, d])
         c.resolve(with: any)
         d.reject(TestError(3))
-        assertCycle(any)
+        // The follower that closed the cycle rejects with the cycle error, as when it locks
+        // in last; the `any` collects it with the other rejection.
         assertCycle(c)
+        guard case PromiseError.allRejected(let errors)? = error(any), case PromiseError.cycle? = errors.first else {
+            return XCTFail("any ended \(any.state)")
+        }
+        XCTAssertEqual(errors.last as? TestError, TestError(3))
 
         let e = Promise<Int>(), f = Promise<Int>(), g = Promise<Int>()
         let both = e.and(f, g)
@@ -290,8 +295,19 @@ final class CycleTests: XCTestCase {
         g.resolve(with: outer.map(on: .immediate) { $0[1] })
         XCTAssertTrue(outer.isPending, "h may still fulfil the inner any")
         h.reject(TestError(1))
-        assertCycle(outer)
-        assertCycle(inner)
+        assertCycle(g)  // the follower the inner `any` found waiting on the output
+        XCTAssertNotNil(error(f), "f ended \(f.state)")
+        XCTAssertNotNil(error(inner), "inner ended \(inner.state)")
+        XCTAssertNotNil(error(outer), "outer ended \(outer.state)")
+        // The same graph with `h` rejected before `g` locks in ends the same way.
+        let f2 = Promise<Int>(), g2 = Promise<Int>(), h2 = Promise<Int>()
+        let inner2 = Promise.any([g2, h2])
+        let outer2 = Promise.all([f2, inner2])
+        f2.resolve(with: outer2.map(on: .immediate) { $0[0] })
+        h2.reject(TestError(1))
+        g2.resolve(with: outer2.map(on: .immediate) { $0[1] })
+        assertCycle(g2)
+        XCTAssertEqual(String(describing: error(f2)), String(describing: error(f)))
     }
 
     /// A combinator of more inputs than the walk's budget, every one but the follower
@@ -305,6 +321,23 @@ final class CycleTests: XCTestCase {
         for (index, other) in others.enumerated() { other.fulfill(index) }
         assertCycle(all)
         assertCycle(follower)
+    }
+
+    /// A cycle through an `all` nested in an `any`: the follower ends with the cycle
+    /// error whichever way out settles last, or whether both settled before it locked in
+    /// (the `any` ends rejected too, with the cycle error itself or among the errors it
+    /// collects, depending on which of its inputs the cycle error reached first).
+    func testACycleEndsTheSameWhicheverWayOutSettlesLast() {
+        for order in 0..<3 {
+            let a = Promise<Int>(), y = Promise<Int>(), z = Promise<Int>()
+            let any = Promise.any([Promise.all([a, y]).map(on: .immediate) { $0[0] }, z])
+            if order == 2 { y.fulfill(1); z.reject(TestError(2)) }
+            a.resolve(with: any)
+            if order == 0 { y.fulfill(1); z.reject(TestError(2)) }
+            if order == 1 { z.reject(TestError(2)); y.fulfill(1) }
+            assertCycle(a)
+            XCTAssertTrue(any.isRejected, "order \(order): the any ended \(any.state)")
+        }
     }
 
     /// The same, with the other input settling on another thread while the follower locks
