@@ -132,19 +132,21 @@ final class Aggregator: @unchecked Sendable {
     }
 
     /// Every input's value, in input order (read after `countDown()` returned true).
-    /// A loop over indices, not `(0..<count).map`: called from a combinator generic over
-    /// `V`, `map` would run unspecialised, through `Range`'s witness table at every step.
     func values<V: Sendable>(as type: V.Type) -> [V] {
-        Array(unsafeUninitializedCapacity: count) { buffer, initialized in
-            for index in 0..<count { (buffer.baseAddress.unsafelyUnwrapped + index).initialize(to: value(at: index, as: type)) }
-            initialized = count
-        }
+        perInput { value(at: $0, as: type) }
     }
 
     /// Every input's outcome, in input order (as `values(as:)`).
     func results<V: Sendable>(as type: V.Type) -> [Result<V, any Error>] {
+        perInput { result(at: $0, as: type) }
+    }
+
+    /// One element per input, in input order. A loop over indices, not
+    /// `(0..<count).map`: called from a combinator generic over the value, `map` would run
+    /// unspecialised, through `Range`'s witness table at every step.
+    private func perInput<T>(_ element: (Int) -> T) -> [T] {
         Array(unsafeUninitializedCapacity: count) { buffer, initialized in
-            for index in 0..<count { (buffer.baseAddress.unsafelyUnwrapped + index).initialize(to: result(at: index, as: type)) }
+            for index in 0..<count { (buffer.baseAddress.unsafelyUnwrapped + index).initialize(to: element(index)) }
             initialized = count
         }
     }
