@@ -42,6 +42,10 @@
  *   -DHOLDS         the holds words (pc_holds_*) as the overlay drives them
  *                   (AnyPromise.addHold / removeHold): two children going in flight under
  *                   one settled parent while their settlers drop their holds.
+ *   -DRETIRE_MODEL  a cascade frees a kept step's value early when nothing else reaches
+ *                   it (freeValueIfOnlyTheCascadeKeepsIt), against a reader that reaches it
+ *                   through `parent` (a try-retain, then the flag) and may make an unowned
+ *                   or weak reference of its own before letting go.
  *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
@@ -89,6 +93,10 @@
  *   -DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT, -DBROKEN_FOLLOWER_DROPS_PATH
  *                          a chain's step lets its parent go when its handler is done; a
  *                          follower drops its holds right after its publish (Model 10).
+ *   -DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK, -DBROKEN_RETIRE_STRONG_ONLY
+ *                          the retirer frees the value right after setting the flag,
+ *                          without reading the counts again; it reads only the strong
+ *                          count, not the unowned and weak ones (Model "retire").
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -119,7 +127,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -2528,5 +2536,108 @@ init {
     :: n < LN -> assert(!lalive[n] && lrefs[n] == 0 && lholds[n] == 0); n++
     :: else -> break
     od
+}
+#endif
+
+#ifdef RETIRE_MODEL
+/* ======================================================================================
+ * Model "retire" (-DRETIRE_MODEL): a step S of an `.immediate` chain whose child has run,
+ * kept by the cascade (one strong reference) and reached by the child's link up (one
+ * unowned hold). The retirer (AnyPromise.retireIfOnlyTheCascadeKeepsIt, on the cascade's
+ * thread) reads the counts (SwiftRuntime.isOnlyReference: strong, then weak and unowned),
+ * sets RETIRED (pc_tree_flags_set), fences, reads the counts again and frees the value,
+ * then at the cascade's end drops its reference. Two readers reach S through the child's
+ * link (`parent`: swift_tryRetain, then pc_tree_flags_after_fence): a reader that sees
+ * RETIRED lets go; one that does not reads the value, and may keep an unowned (reader 0)
+ * or weak (reader 1) reference of its own after letting go, through which it later
+ * makes a strong reference again (swift_unownedRetainStrong, swift_weakLoadStrong: no
+ * flag to look at) and reads the value once more.
+ *
+ * Counts as the runtime keeps them: `strong` the strong references, `unowned` the holds
+ * beyond the one the strong references share (the child's link is 1), `weak` the weak
+ * references. Each d_step is one atomic operation of the runtime or the core.
+ *
+ * Property: no value is read after it was freed, and the value is freed at most once.
+ *
+ * Broken variants (must FAIL): -DBROKEN_RETIRE_NO_RECHECK frees right after setting the
+ * flag; -DBROKEN_RETIRE_STRONG_ONLY reads only the strong count (a reader's unowned or
+ * weak reference, made before it let go, then reads a freed value).
+ * ====================================================================================== */
+
+byte strong = 1;     /* the cascade's reference */
+byte unowned = 1;    /* the kept child's link up */
+byte weak;
+bit  retired;
+bit  freed;
+
+inline onlyReference(answer) {
+#ifdef BROKEN_RETIRE_STRONG_ONLY
+    d_step { answer = strong == 1 }
+#else
+    d_step { answer = strong == 1 };                  /* swift_isUniquelyReferenced... */
+    if                                                /* ...then weak and unowned */
+    :: answer -> d_step { answer = weak == 0 && unowned == 1 }
+    :: else
+    fi
+#endif
+}
+
+proctype Retirer() {
+    bool only;
+    onlyReference(only);
+    if
+    :: only ->
+        d_step { retired = 1 };                       /* pc_tree_flags_set, then the fence */
+#ifndef BROKEN_RETIRE_NO_RECHECK
+        onlyReference(only);
+#endif
+        if
+        :: only -> d_step { assert(!freed); freed = 1 }    /* freeStoredValueEarly */
+        :: else
+        fi
+    :: else
+    fi;
+    d_step { strong-- }                               /* the cascade ends */
+}
+
+proctype Reader(byte me) {
+    bool got;
+    d_step {                                          /* swift_tryRetain */
+        got = strong > 0;
+        if :: got -> strong++ :: else fi
+    };
+    if
+    :: got && retired -> d_step { strong-- }          /* parentIfReachable: gone */
+    :: got && !retired ->
+        assert(!freed);                               /* reads the value */
+        if                                            /* keeps a reference of its own */
+        :: me == 0 -> d_step { unowned++ }
+        :: me == 1 -> d_step { weak++ }
+        fi;
+        d_step { strong-- };                          /* lets the strong one go */
+        d_step {                                      /* unowned / weak load, later */
+            got = strong > 0;
+            if :: got -> strong++ :: else fi
+        };
+        if
+        :: got -> assert(!freed); d_step { strong-- }
+        :: else
+        fi;
+        if
+        :: me == 0 -> d_step { unowned-- }
+        :: me == 1 -> d_step { weak-- }
+        fi
+    :: !got
+    fi
+}
+
+init {
+    atomic {
+        run Retirer();
+        run Reader(0);
+        run Reader(1)
+    }
+    timeout;
+    assert(strong == 0)
 }
 #endif

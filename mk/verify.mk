@@ -93,6 +93,9 @@ $(eval $(call verify_run,cascade-safety,pass,-DCASCADE_MODEL,$(PAN_SAFETY),-m100
 # last user.
 $(eval $(call verify_run,lifetime-safety,pass,-DLIFETIME_MODEL,$(PAN_SAFETY),-m100000))
 
+# A cascade frees a kept step's value early, against readers through `parent`.
+$(eval $(call verify_run,retire-safety,pass,-DRETIRE_MODEL,$(PAN_SAFETY),-m100000))
+
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
 
@@ -126,6 +129,8 @@ $(eval $(call verify_run,broken-lifetime-root-not-kept,fail,-DLIFETIME_MODEL -DB
 $(eval $(call verify_run,broken-lifetime-link-stops-at-linked,fail,-DLIFETIME_MODEL -DBROKEN_LINK_STOPS_AT_LINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-in-flight-keeps-nothing,fail,-DLIFETIME_MODEL -DBROKEN_IN_FLIGHT_KEEPS_NOTHING,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-retire-no-recheck,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-retire-strong-only,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_STRONG_ONLY,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps

@@ -203,8 +203,12 @@ public class AnyPromise: @unchecked Sendable {
     /// // and `summary.parent` is nil unless someone else holds the download.
     /// ```
     ///
-    /// A pending parent that nobody else holds can never settle and is freed too.
-    public final var parent: AnyPromise? { parentIfAlive }
+    /// A pending parent that nobody else holds can never settle and is freed too. Inside
+    /// a chain settling inline (`.immediate` handlers run by one settling call), a step
+    /// that only the cascade still keeps, for its own bookkeeping, counts as gone: its
+    /// value is freed once its child ran, and `parent` answers nil, as it will once the
+    /// cascade ends.
+    public final var parent: AnyPromise? { parentIfReachable }
 
     /// The top of the tree this promise belongs to: itself when it has no parent.
     ///
@@ -214,11 +218,18 @@ public class AnyPromise: @unchecked Sendable {
     /// ```
     public final var root: AnyPromise {
         var node: AnyPromise = self
-        while let up = node.parentIfAlive { node = up }
+        while let up = node.parentIfReachable { node = up }
         return node
     }
 
     // MARK: What the typed subclass provides
+
+    /// Destroys the fulfilled value now, for a promise that nobody can read any more
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`); its deinit then destroys nothing. Overridden
+    /// by `Promise<Value>` (final there).
+    func freeStoredValueEarly() {
+        preconditionFailure("AnyPromise is abstract")
+    }
 
     /// A promise of the same type as this one, already rejected with
     /// `PromiseError.brokenPromise`: what the observers of a promise that dies pending

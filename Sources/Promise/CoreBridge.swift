@@ -581,12 +581,17 @@ enum TreeFlag {
     @inlinable static var cancelPublished: UInt { UInt(PC_TREE_CANCEL_PUBLISHED) }
     @inlinable static var errorSeen: UInt { UInt(PC_TREE_ERROR_SEEN) }
     static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
+    static var retired: UInt { UInt(PC_TREE_RETIRED) }
 }
 
 extension AnyPromise {
     /// The tree_flags word (acquire: a `cancelPublished` seen makes the stored reason visible).
     @inlinable
     final var treeFlags: UInt { pc_tree_flags(corePointer) }
+
+    /// The tree_flags word after a full fence, for a reader that has just taken a strong
+    /// reference through a link that does not hold this promise (`pc_tree_flags_after_fence`).
+    final var treeFlagsAfterFence: UInt { pc_tree_flags_after_fence(corePointer) }
 
     /// Sets `flag`; true for the one call that set it (full barrier, see `pc_tree_flags_set`).
     final func setTreeFlag(_ flag: UInt) -> Bool {

@@ -43,7 +43,7 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
         let up: String
         if parentAddress == nil {
             up = "root"
-        } else if let parent = parentIfAlive {
+        } else if let parent = parentIfReachable {
             up = "parent \(parent.description) at \(parent.addressDescription)"
         } else {
             up = "parent released"

@@ -18,7 +18,9 @@ import CPromiseCore
 //   publish fired `.immediate` children keeps its parent, a root too
 //   (`keepParentUntilCascadeEnds`; a parent it borrows is kept by the call that opened
 //   the cascade, until it ends), and a promise in flight whose publish did keeps its
-//   holds (`publishLeavingFlight`, CoreBridge.swift).
+//   holds (`publishLeavingFlight`, CoreBridge.swift). A kept step that nothing else
+//   reaches is retired once its child ran: its value is freed then, not at the cascade's
+//   end (`freeValueIfOnlyTheCascadeKeepsIt`).
 // - A side branch settled early (by its holder, or by the promise `resolve(with:)` made it
 //   follow) keeps its parent from before its claim through its cascade
 //   (`publishKeepingParent`, CoreBridge.swift), and its parent, firing it, links it up
@@ -53,8 +55,66 @@ extension AnyPromise {
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
-        guard lineageFolloweeWordValue == 0 else { return false }
-        return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
+        guard lineageFolloweeWordValue == 0, keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else {
+            return false
+        }
+        parentRetain._withUnsafeGuaranteedRef { $0.freeValueIfOnlyTheCascadeKeepsIt() }
+        return true
+    }
+
+    /// Frees this settled promise's value now if the cascade's keep is all that holds it:
+    /// its child has run, so nobody can read the value any more, and the cascade keeps the
+    /// promise only for the look-ups that pass through it. So a chain built before its
+    /// root settled keeps each step's value only until the next step ran, not until the
+    /// cascade ends (the promises themselves, which the chain held before it settled, go
+    /// when it ends).
+    ///
+    /// Who could still read the value: everything that reads a settled promise's value
+    /// holds it (a child firing or queued, an observer deferred, a combinator's slot), or
+    /// borrows it from a caller that does, except what reaches a promise through a link
+    /// that does not hold it: `parent`, `root` and `debugDescription` (`parentIfReachable`,
+    /// which treats a retired promise as gone, as it will be once the cascade ends), the
+    /// cancel walks (which read no value), and a user's `weak` or `unowned` reference,
+    /// which does not go through the library. So the value is freed only when the
+    /// reference counts show nothing but the cascade's reference and the kept child's
+    /// link up: no other child, follower, combinator slot or registry link (each holds
+    /// the memory), and no weak or unowned reference, whose read would otherwise find a
+    /// live promise with a freed value. Dekker with `parentIfReachable`: this sets
+    /// `TreeFlag.retired`, fences and reads the counts; a reader takes its reference (a
+    /// read-modify-write), fences and reads the flag. Either this sees the reader's
+    /// reference (or what the reader made from it before letting go) and keeps the
+    /// value, or the reader sees the flag and lets go.
+    ///
+    /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
+    /// up to six loads through the runtime, a read-modify-write and three fences, once
+    /// per step.
+    @inline(__always)
+    private final func freeValueIfOnlyTheCascadeKeepsIt() {
+        guard storedValueNeedsDestroy else { return }
+        retireIfOnlyTheCascadeKeepsIt()
+    }
+
+    @inline(never)
+    private final func retireIfOnlyTheCascadeKeepsIt() {
+        let object = Unmanaged.passUnretained(self).toOpaque()
+        // The one memory hold: the link up of the child that kept this promise.
+        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1),
+              setTreeFlag(TreeFlag.retired) else { return }
+        fullFence()  // the flag's store before the counts' loads (StoreLoad)
+        // A reader that took a reference meanwhile (before seeing the flag), and any weak
+        // or unowned reference it made before letting go, keep the value.
+        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1) else { return }
+        freeStoredValueEarly()
+    }
+
+    /// The parent, unless it is gone or only a cascade keeps it for its look-ups
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`): what `parent`, `root` and `debugDescription`
+    /// show. A retired parent's value was freed; to everything but the cancel walks it is
+    /// gone, as it will be once the cascade ends.
+    final var parentIfReachable: AnyPromise? {
+        guard let parent = parentIfAlive else { return nil }
+        // After the try-retain: Dekker with the retirement.
+        return parent.treeFlagsAfterFence & TreeFlag.retired == 0 ? parent : nil
     }
 }
 

@@ -258,6 +258,11 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         Promise.madeByLibrary(rejectedWith: PromiseError.brokenPromise)
     }
 
+    final override func freeStoredValueEarly() {
+        destroyStoredValue()
+        storedValueNeedsDestroy = false
+    }
+
     final override var typeName: String {
         "Promise<\(Value.self)>"
     }

@@ -43,6 +43,22 @@ enum SwiftRuntime {
     static func isUniquelyReferenced(_ object: UnsafeMutableRawPointer) -> Bool {
         swift_isUniquelyReferenced_nonNull_native(object)
     }
+
+    /// Whether the caller's strong reference is the only way to `object`, apart from
+    /// `memoryHolds` holds of its memory that the caller knows of (`unownedRetain`): no
+    /// other strong reference, no `weak` one and no other unowned one. A user's `weak` or
+    /// `unowned` variable can make a strong reference at any time without going through
+    /// the library, so the library frees a value early only when there is none
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`). The strong count is read first: a reference
+    /// made from a strong one that was then dropped is seen with that drop. If the entry
+    /// points went away: false (values are then freed when the cascade ends).
+    static func isOnlyReference(to object: UnsafeMutableRawPointer, besidesMemoryHolds memoryHolds: Int) -> Bool {
+        guard swift_isUniquelyReferenced_nonNull_native(object) else { return false }
+        fullFence()  // the counts below are read after the strong count (acquire)
+        // The weak count is one more than the weak references while a side table exists
+        // (zero or one without); the unowned count, one for the strong references.
+        return swift_weakRetainCount(object) <= 1 && swift_unownedRetainCount(object) <= 1 + memoryHolds
+    }
 }
 
 /// Where the C state sits inside objects: the first stored property follows the Swift

@@ -3,10 +3,11 @@
 // Here other threads walk up the chain with `parent` and `root`, read every ancestor they
 // are given, and cancel the root, while the cascade runs. Every round checks that each
 // value read is the one its step made (a step's value must stay readable while anything
-// can reach the step: a weak or unowned reference can, as `parent` does, so the cascade may
-// not let go of a value early; under ASan, a read of one let go of is a use after free),
-// that the leaf ends with the value the whole chain made or cancelled, and that every
-// value is freed once the round's promises are dropped.
+// can reach the step: the cascade frees a kept step's value early only when nothing else
+// can, and `parent` then answers nil; this races that check against the walkers'
+// try-retains, and under ASan a read of a value let go of is a use after free), that the
+// leaf ends with the value the whole chain made or cancelled, and that every value is
+// freed once the round's promises are dropped.
 import Foundation
 import Promise
 import Synchronization

@@ -3,10 +3,11 @@ import Foundation
 import XCTest
 
 /// A chain that settles inline keeps each step until its cascade ends, for the path a
-/// running handler's child looks up through. Whatever reaches a step meanwhile finds it
-/// whole: its value, its place in the tree, its registry. These guard against letting go
-/// of a step's value early (tried, and withdrawn: a `weak` or `unowned` reference the
-/// library cannot see reaches a step as surely as `parent` does).
+/// running handler's child looks up through, and frees a step's value early only when
+/// nothing but the cascade can reach it. Whatever reaches a step meanwhile finds it
+/// whole: its value, its place in the tree, its registry. These guard the "nothing but
+/// the cascade": a `weak` or `unowned` reference the library cannot see reaches a step as
+/// surely as `parent` does.
 final class CascadeNavigationTests: XCTestCase {
     /// A step that a weak reference (a request-coalescing cache, say) still reaches while
     /// the cascade runs gives its value, not freed memory.

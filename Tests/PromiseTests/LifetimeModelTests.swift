@@ -368,6 +368,65 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(tracker.alive, 0)
     }
 
+    /// The same for a chain built before its root settled: once a step's child ran, the
+    /// step's value is freed, although the cascade keeps the step itself (its lookups
+    /// pass through it) until it ends. Only the root and the leaf are held.
+    func testImmediateChainBuiltInAdvanceFreesEachValueOnceTheNextRan() {
+        let tracker = LifeTracker()
+        let peak = Peak()
+        let root = Promise<Int>()
+        var step = root.then(on: .immediate) { Payload(bytes: [UInt8(truncatingIfNeeded: $0)], tracker: tracker) }
+        for _ in 0..<2_000 {
+            step = step.then(on: .immediate) { payload in
+                peak.record(tracker.alive)
+                return Payload(bytes: payload.bytes, tracker: tracker)
+            }
+        }
+        let leaf = step
+        root.fulfill(7)
+        XCTAssertEqual(try leaf.wait(timeout: .seconds(10)).bytes, [7])
+        XCTAssertLessThanOrEqual(peak.maximum, 4, "every step's value stays until the cascade ends")
+        XCTAssertEqual(tracker.alive, 1, "only the leaf's value")
+        XCTAssertTrue(leaf.parent == nil, "a step that only the cascade kept is not reachable")
+    }
+
+    /// Inside that cascade, a step whose value was freed is gone to navigation, as it
+    /// will be once the cascade ends: walking up from the leaf with `parent` reaches the
+    /// pending steps and the one fulfilled step still held (by the running handler),
+    /// `root` answers that step, its `debugDescription` says its parent was released,
+    /// and what the walk reaches reads whole.
+    func testNavigationInsideACascadeStopsAtAStepWhoseValueWasFreed() {
+        let tracker = LifeTracker()
+        let root = Promise<Payload>()
+        let leafBox = Handoff<Promise<Payload>>(nil)
+        let walk = Handoff<[String]>(nil)
+        var step = root
+        for index in 0..<20 {
+            step = step.then(on: .immediate) { payload -> Payload in
+                if index == 15, let leaf = leafBox.peek {
+                    var node: AnyPromise = leaf
+                    var seen: [String] = []
+                    while let up = node.parent {
+                        node = up
+                        if up.isFulfilled { seen.append(up.description) }
+                    }
+                    seen.append(leaf.root === node ? "root found" : "root differs")
+                    seen.append(node.debugDescription.hasSuffix("parent released") ? "released" : node.debugDescription)
+                    walk.put(seen)
+                }
+                return Payload(bytes: payload.bytes.map { $0 + 1 }, tracker: tracker)
+            }
+        }
+        leafBox.put(step)
+        step = Promise(value: Payload(bytes: [], tracker: tracker))  // only the root and the leaf are held
+        root.fulfill(Payload(bytes: [0], tracker: tracker))
+        XCTAssertEqual(try leafBox.peek?.wait(timeout: .seconds(10)).bytes, [20])
+        let seen = walk.peek ?? []
+        XCTAssertEqual(seen.count, 3, "walked through \(seen)")
+        XCTAssertTrue(seen.first?.contains("bytes: [15]") == true, "the step the running handler holds: \(seen)")
+        XCTAssertEqual(Array(seen.dropFirst()), ["root found", "released"])
+    }
+
     // MARK: Waiters that gave up leave nothing behind
 
     /// Polling a long-lived pending promise runs in constant memory: each

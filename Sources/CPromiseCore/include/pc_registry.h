@@ -11,7 +11,8 @@
  *   pc_children_take      any thread, any time      lock-free (CAS loop)
  *   pc_children_forget    any thread                wait-free (one fetch-and-add)
  *   pc_tree_flags_set     any thread, any time      lock-free (CAS loop; ends once the bit is set)
- *   pc_tree_flags         any thread, any time      wait-free (one load)
+ *   pc_tree_flags         any thread, any time      wait-free (one load; _after_fence:
+ *                                                   a fence and a load)
  *   pc_holds_*            any thread, any time      lock-free (CAS loops) or wait-free (fetch-and-add)
  *   pc_forwarding_*       any thread                wait-free (one load or fetch-and-add)
  *
@@ -58,7 +59,12 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        linked itself up its chain while its parent was
                                        pending: its node there may now leave (the overlay's
                                        prune) */
-#define PC_TREE_COUNT_SHIFT 6u      /* the registry's link count sits above the six bits */
+#define PC_TREE_RETIRED 64u         /* only a cascade's keep (pc_keep_until_cascade_end) still
+                                       held this settled promise, so the overlay freed its
+                                       value early; a reader that reached it through a link
+                                       that does not hold it treats it as gone (Dekker with
+                                       its try-retain: pc_tree_flags_after_fence) */
+#define PC_TREE_COUNT_SHIFT 7u      /* the registry's link count sits above the seven bits */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
@@ -72,6 +78,21 @@ bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
  * PUBLISHED bit seen here makes the reason stored before it visible. Inline, as
  * pc_state. */
 static inline uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->tree_flags, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * The tree_flags word, after a full fence: for a reader that has just taken a strong
+ * reference with a relaxed read-modify-write on another word (the Swift runtime's
+ * try-retain) and must then see a PC_TREE_RETIRED set before that reference was taken.
+ * Dekker with the overlay's retirement, which sets the bit (pc_tree_flags_set, full), then
+ * fences and reads the reference count: either it sees this reader's reference and keeps
+ * the value, or this load sees the bit. The fence is needed on weakly ordered machines: an
+ * acquire load may be satisfied before a relaxed read-modify-write's store is visible.
+ */
+static inline uintptr_t pc_tree_flags_after_fence(const pc_promise *_Nonnull promise) {
+    /* seq_cst fence: orders the caller's try-retain before this load (StoreLoad). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return __atomic_load_n(&promise->tree_flags, __ATOMIC_ACQUIRE);
 }
 
