@@ -350,7 +350,9 @@ extension Promise {
     ///
     /// Threading: `body` and `shouldRetry` run on `context`. The pauses are timed on
     /// `clock` when one is given (a test passes a clock it advances by hand), on Dispatch
-    /// otherwise. On `.immediate`, attempts that fail at once with no pause between them
+    /// otherwise; a clock whose `sleep` throws during a pause (other than for the run's own
+    /// cancel) ends the run, rejected with that error. On `.immediate`, attempts that fail
+    /// at once with no pause between them
     /// all run before `retry` returns (without growing the stack): keep `attempts` bounded.
     public static func retry<C: Clock>(
         attempts: Int,
@@ -467,8 +469,13 @@ extension Promise {
             let pause = makePause(delay)
             inFlight.start(pause, isPause: true)
             StepObserver<Void>(until: run.output) { result in
-                // Cancelled: so was the output, which then wants no more attempts.
-                if case .success = result { attempt(number + 1) }
+                // (Cancelled, only the output's cancel does, and then the box does not run.)
+                switch result {
+                case .success: attempt(number + 1)
+                // The clock could not time the pause (its sleep threw): no attempt can come
+                // after it, and its error says why.
+                case .failure(let clockError): run.output.reject(clockError)
+                }
             }.register(on: pause)
         }
         attempt(1)

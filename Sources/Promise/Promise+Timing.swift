@@ -86,7 +86,13 @@ struct PromiseTimer: Sendable {
     /// On `clock`: `work` runs once `clock` reaches `deadline` (at once if it has). A
     /// deadline more than `horizon` away never comes, as on Dispatch (the clock's own
     /// sleep would trap on it: `ContinuousClock` counts in 64-bit nanoseconds).
-    init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
+    ///
+    /// A clock whose sleep throws when the timer was not cancelled (a test clock shut
+    /// down, say) cannot time anything: `clockFailed` runs instead of `work`, with its
+    /// error, so that the promise the timer would settle settles all the same rather than
+    /// leave its callers waiting for ever.
+    init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void,
+                   clockFailed: @escaping @Sendable (any Error) -> Void) where C.Duration == Duration {
         let interval = clock.now.duration(to: deadline)
         guard interval <= PromiseTimer.horizon else {
             self = .never
@@ -103,20 +109,24 @@ struct PromiseTimer: Sendable {
             do {
                 try await clock.sleep(until: deadline, tolerance: nil)
             } catch {
-                return  // cancelled: the box was emptied by `cancel`
+                // Cancelled: `cancel` emptied the box first. Otherwise the clock failed.
+                if box.take() != nil { clockFailed(error) }
+                return
             }
             box.take()?()
         }, box))
     }
 
     /// On `clock`: `work` runs once `interval` has passed on it, counted from now.
-    /// An interval past `horizon` never elapses, as on Dispatch.
-    init<C: Clock>(after interval: Duration, on clock: C, _ work: @escaping @Sendable () -> Void) where C.Duration == Duration {
+    /// An interval past `horizon` never elapses, as on Dispatch. (`clockFailed`: see
+    /// `init(at:on:_:clockFailed:)`.)
+    init<C: Clock>(after interval: Duration, on clock: C, _ work: @escaping @Sendable () -> Void,
+                   clockFailed: @escaping @Sendable (any Error) -> Void) where C.Duration == Duration {
         guard interval <= PromiseTimer.horizon else {
             self = .never
             return
         }
-        self.init(at: clock.now.advanced(by: interval), on: clock, work)
+        self.init(at: clock.now.advanced(by: interval), on: clock, work, clockFailed: clockFailed)
     }
 
     /// Scheduled by the caller: `schedule` arranges for its `fire` to run once `interval`
@@ -185,7 +195,7 @@ extension Promise where Value == Void {
     /// elapses (no timer is set): the promise waits for its holder, and once nobody holds
     /// it, it is freed and its observers receive `PromiseError.brokenPromise`.
     public static func after(_ interval: Duration) -> Promise<Void> {
-        .fulfilling(()) { PromiseTimer(after: interval, $0) }
+        .fulfilling(()) { fire, _ in PromiseTimer(after: interval, fire) }
     }
 
     /// A promise fulfilled once `interval` has passed on `clock`: a test passes a clock it
@@ -195,21 +205,24 @@ extension Promise where Value == Void {
     /// let due = Promise.after(.seconds(30), clock: testClock)   // fulfils when testClock is advanced
     /// ```
     ///
-    /// Cancelling it cancels the timer (the Task sleeping on the clock).
+    /// Cancelling it cancels the timer (the Task sleeping on the clock). If the clock's
+    /// `sleep` throws although the timer was not cancelled, the promise rejects with that
+    /// error: a clock that cannot sleep cannot time it.
     public static func after(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Void> {
-        .fulfilling(()) { PromiseTimer(after: interval, on: clock, $0) }
+        .fulfilling(()) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
 }
 
 extension Promise {
-    /// A promise fulfilled with `value` when the timer `startTimer` starts fires; settling
-    /// it first (a cancel, or a resolver from outside) cancels the timer.
+    /// A promise fulfilled with `value` when the timer `startTimer` starts fires (rejected
+    /// if its clock fails); settling it first (a cancel, or a resolver from outside)
+    /// cancels the timer.
     static func fulfilling(
         _ value: Value,
-        startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
+        startTimer: (_ fire: @escaping @Sendable () -> Void, _ clockFailed: @escaping @Sendable (any Error) -> Void) -> PromiseTimer
     ) -> Promise<Value> {
         let promise = Promise<Value>(madeByLibrary: ())
-        let timer = startTimer { promise.fulfill(value) }
+        let timer = startTimer({ promise.fulfill(value) }, { promise.reject($0) })
         OutcomeHook { _ in timer.cancel() }.register(on: promise)
         return promise
     }
@@ -228,7 +241,7 @@ extension Promise {
     /// holder, and once nobody holds it, it is freed and its observers receive
     /// `PromiseError.brokenPromise`.
     public func delay(_ interval: Duration) -> Promise<Value> {
-        delay { PromiseTimer(after: interval, $0) }
+        delay { fire, _ in PromiseTimer(after: interval, fire) }
     }
 
     /// `delay(_:)` timed on `clock`: the interval starts when this promise fulfils, at that
@@ -237,15 +250,19 @@ extension Promise {
     /// ```swift
     /// let debounced = query.delay(.milliseconds(300), clock: testClock)
     /// ```
+    ///
+    /// If the clock's `sleep` throws although the timer was not cancelled, the child
+    /// rejects with that error.
     public func delay(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        delay { PromiseTimer(after: interval, on: clock, $0) }
+        delay { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
 
     private func delay(
-        startingTimer startTimer: @escaping @Sendable (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer
+        startingTimer startTimer: @escaping @Sendable (_ fire: @escaping @Sendable () -> Void,
+                                                       _ clockFailed: @escaping @Sendable (any Error) -> Void) -> PromiseTimer
     ) -> Promise<Value> {
         DerivedPromise<Value>.make(parent: self, context: .immediate, continuation: .handOff { (value: Value, child: Promise<Value>) in
-            let timer = startTimer { child.fulfill(value) }
+            let timer = startTimer({ child.fulfill(value) }, { child.reject($0) })
             OutcomeHook { _ in timer.cancel() }.register(on: child)
         })
     }
@@ -273,7 +290,7 @@ extension Promise {
     /// no timeout. A child that timed out and whose error nobody read is reported to
     /// `PromiseDiagnostics` as an unhandled rejection when it is freed, as any rejection.
     public func timeout(_ interval: Duration) -> Promise<Value> {
-        timeout(interval) { PromiseTimer(after: interval, $0) }
+        timeout(interval) { fire, _ in PromiseTimer(after: interval, fire) }
     }
 
     /// `timeout(_:)` timed on `clock`.
@@ -281,8 +298,12 @@ extension Promise {
     /// ```swift
     /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
     /// ```
+    ///
+    /// If the clock's `sleep` throws although the timer was not cancelled, the child
+    /// rejects with that error (unless this promise settled it first): a clock that cannot
+    /// sleep cannot time it out.
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
-        timeout(interval) { PromiseTimer(after: interval, on: clock, $0) }
+        timeout(interval) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
 
     /// A child that settles as this promise does, unless `deadline` comes first: then it
@@ -300,17 +321,18 @@ extension Promise {
     /// Timed on Dispatch, as `timeout(_:)`; see `timeout(_:)` for what the child keeps.
     public func timeout(until deadline: ContinuousClock.Instant) -> Promise<Value> {
         let interval = ContinuousClock.now.duration(to: deadline)
-        return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(after: interval, $0) }
+        return timeout(interval, rejectingAtOnceIfPast: true) { fire, _ in PromiseTimer(after: interval, fire) }
     }
 
-    /// `timeout(until:)` with a deadline on `clock`.
+    /// `timeout(until:)` with a deadline on `clock` (a clock that fails: as
+    /// `timeout(_:clock:)`).
     ///
     /// ```swift
     /// let user = fetchUser(id).timeout(until: testClock.now.advanced(by: .seconds(2)), clock: testClock)
     /// ```
     public func timeout<C: Clock>(until deadline: C.Instant, clock: C) -> Promise<Value> where C.Duration == Duration {
         let interval = clock.now.duration(to: deadline)
-        return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(at: deadline, on: clock, $0) }
+        return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(at: deadline, on: clock, $0, clockFailed: $1) }
     }
 
     /// `timeout(_:)` with a timer the caller schedules: `schedule` arranges for its `fire`
@@ -323,7 +345,7 @@ extension Promise {
         _ interval: Duration,
         scheduling schedule: (_ interval: Duration, _ fire: @escaping @Sendable () -> Void) -> @Sendable () -> Void
     ) -> Promise<Value> {
-        timeout(interval) { PromiseTimer(after: interval, scheduling: schedule, $0) }
+        timeout(interval) { fire, _ in PromiseTimer(after: interval, scheduling: schedule, fire) }
     }
 
     /// - Parameters:
@@ -332,7 +354,8 @@ extension Promise {
     ///   - rejectingAtOnceIfPast: for a deadline: one already past (`interval <= .zero`)
     ///     rejects the child before this returns, if this promise is still pending.
     private func timeout(_ interval: Duration, rejectingAtOnceIfPast: Bool = false,
-                         startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void) -> PromiseTimer) -> Promise<Value> {
+                         startingTimer startTimer: (_ fire: @escaping @Sendable () -> Void,
+                                                    _ clockFailed: @escaping @Sendable (any Error) -> Void) -> PromiseTimer) -> Promise<Value> {
         let child = DerivedPromise<Value>(linkedTo: self, settledBesidesParent: interval <= PromiseTimer.horizon)
         guard isPending else {
             // Settled already: so is the child, before this returns (also inside a handler,
@@ -352,7 +375,7 @@ extension Promise {
             child.adoptOutcome(of: self, lookingAbove: self)  // settled already: the child is too
             return child
         }
-        let timer = startTimer { child.reject(PromiseError.timedOut) }
+        let timer = startTimer({ child.reject(PromiseError.timedOut) }, { child.reject($0) })
         // The library's own hook, not an observer of the child's outcome: a timed-out
         // child nobody reads is reported as any unread rejection, and its description
         // shows no observer waiting. (Not generic over the value either: a `whenComplete`

@@ -190,4 +190,45 @@ final class ClockTests: XCTestCase {
         receiver.fulfill(9)
         XCTAssertEqual(try child.wait(timeout: testTimeout), 9)
     }
+
+    // MARK: A clock that cannot sleep
+
+    /// `after`, `delay`, `timeout`, `timeout(until:)` and `retry`'s pauses on a clock whose
+    /// sleep throws (a test clock that was shut down) settle with the clock's error: none
+    /// leaves its caller waiting for ever, and nothing it timed is kept.
+    func testAClockWhoseSleepThrowsRejectsWhatItTimes() throws {
+        let clock = FailingClock()
+        let receiver = Promise<Int>()
+        func outcome<T>(_ promise: Promise<T>) -> String {
+            do {
+                _ = try promise.wait(timeout: .seconds(10))
+                return "fulfilled"
+            } catch {
+                return "\(error)"
+            }
+        }
+        let outcomes = [
+            ("after", outcome(Promise<Void>.after(.milliseconds(10), clock: clock))),
+            ("delay", outcome(Promise(value: 7).delay(.milliseconds(10), clock: clock))),
+            ("timeout", outcome(receiver.timeout(.milliseconds(10), clock: clock))),
+            ("timeout(until:)", outcome(receiver.timeout(until: clock.now.advanced(by: .milliseconds(10)), clock: clock))),
+            ("retry", outcome(Promise<Int>.retry(attempts: 3, backoff: .fixed(.milliseconds(10)), clock: clock) {
+                Promise(error: TestError(1))
+            })),
+        ]
+        for (name, text) in outcomes {
+            XCTAssertEqual(text, "Broken()", "\(name) on a clock that cannot sleep")
+        }
+        XCTAssertTrue(receiver.isPending, "the receiver of a timeout is untouched")
+        receiver.cancel()
+    }
+}
+
+/// A clock whose `sleep` always throws, as a test clock that was shut down does.
+private struct FailingClock: Clock {
+    struct Broken: Error {}
+    typealias Instant = ContinuousClock.Instant
+    var now: Instant { ContinuousClock.now }
+    var minimumResolution: Duration { .zero }
+    func sleep(until deadline: Instant, tolerance: Duration?) async throws { throw Broken() }
 }
