@@ -44,8 +44,8 @@
  *                   one settled parent while their settlers drop their holds.
  *   -DRETIRE_MODEL  a cascade frees a kept step's value early when nothing else reaches
  *                   it (freeValueIfOnlyTheCascadeKeepsIt), against a reader that reaches it
- *                   through `parent` (a try-retain, then the flag) and may make an unowned
- *                   or weak reference of its own before letting go.
+ *                   through `parent` (a try-retain, then the flag) and keeps an unowned
+ *                   reference of its own, and one that flips a weak reference to strong.
  *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
@@ -93,10 +93,10 @@
  *   -DCASCADE_MODEL -DBROKEN_CHAIN_DROPS_PARENT, -DBROKEN_FOLLOWER_DROPS_PATH
  *                          a chain's step lets its parent go when its handler is done; a
  *                          follower drops its holds right after its publish (Model 10).
- *   -DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK, -DBROKEN_RETIRE_STRONG_ONLY
+ *   -DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK, -DBROKEN_RETIRE_SEPARATE_READS
  *                          the retirer frees the value right after setting the flag,
- *                          without reading the counts again; it reads only the strong
- *                          count, not the unowned and weak ones (Model "retire").
+ *                          without a second snapshot; it reads the strong, weak and
+ *                          unowned counts one after the other (Model "retire").
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -2544,41 +2544,53 @@ init {
  * Model "retire" (-DRETIRE_MODEL): a step S of an `.immediate` chain whose child has run,
  * kept by the cascade (one strong reference) and reached by the child's link up (one
  * unowned hold). The retirer (AnyPromise.retireIfOnlyTheCascadeKeepsIt, on the cascade's
- * thread) reads the counts (SwiftRuntime.isOnlyReference: strong, then weak and unowned),
- * sets RETIRED (pc_tree_flags_set), fences, reads the counts again and frees the value,
- * then at the cascade's end drops its reference. Two readers reach S through the child's
- * link (`parent`: swift_tryRetain, then pc_tree_flags_after_fence): a reader that sees
- * RETIRED lets go; one that does not reads the value, and may keep an unowned (reader 0)
- * or weak (reader 1) reference of its own after letting go, through which it later
- * makes a strong reference again (swift_unownedRetainStrong, swift_weakLoadStrong: no
- * flag to look at) and reads the value once more.
+ * thread) takes a snapshot of the counts (SwiftRuntime.isOnlyReference: one load of the
+ * runtime's count word, which holds the strong and unowned counts and the side-table
+ * bit), sets RETIRED (pc_tree_flags_set), fences, takes a second snapshot and frees the
+ * value, or clears RETIRED again if the second snapshot shows another reference; at the
+ * cascade's end it drops its reference.
  *
- * Counts as the runtime keeps them: `strong` the strong references, `unowned` the holds
- * beyond the one the strong references share (the child's link is 1), `weak` the weak
- * references. Each d_step is one atomic operation of the runtime or the core.
+ * Readers: one reaches S through the child's link (`parent`: swift_tryRetain, then
+ * pc_tree_flags_after_fence); one that does not see RETIRED reads the value, then keeps
+ * an unowned reference of its own after letting go, and later makes a strong reference
+ * from it again (swift_unownedRetainStrong: no flag to look at) and reads once more. A
+ * second reader, in some runs, starts with a weak reference of the user's (the object
+ * then has a side table) and flips it: weak -> strong (swift_weakLoadStrong), drops the weak one, reads, makes a
+ * weak one again, drops the strong one, twice.
  *
- * Property: no value is read after it was freed, and the value is freed at most once.
+ * `strong`, `unowned` (beyond the one the strong references share; the child's link is
+ * 1), `weak` and `sidetable` as the runtime keeps them; each d_step is one atomic
+ * operation of the runtime or the core.
+ *
+ * Properties: no value is read after it was freed; it is freed at most once; at the end,
+ * RETIRED is set only if the value was freed (the flag means "the value is gone").
  *
  * Broken variants (must FAIL): -DBROKEN_RETIRE_NO_RECHECK frees right after setting the
- * flag; -DBROKEN_RETIRE_STRONG_ONLY reads only the strong count (a reader's unowned or
- * weak reference, made before it let go, then reads a freed value).
+ * flag; -DBROKEN_RETIRE_SEPARATE_READS reads the strong, weak and unowned counts one
+ * after the other (the flipping reader's strong reference, made between two reads with
+ * its weak one dropped, is seen by neither).
  * ====================================================================================== */
 
 byte strong = 1;     /* the cascade's reference */
 byte unowned = 1;    /* the kept child's link up */
-byte weak;
+byte weak;           /* the flipping reader's, when it runs */
+bit  sidetable;      /* made for that weak reference, kept for good */
 bit  retired;
 bit  freed;
 
 inline onlyReference(answer) {
-#ifdef BROKEN_RETIRE_STRONG_ONLY
-    d_step { answer = strong == 1 }
-#else
-    d_step { answer = strong == 1 };                  /* swift_isUniquelyReferenced... */
-    if                                                /* ...then weak and unowned */
-    :: answer -> d_step { answer = weak == 0 && unowned == 1 }
+#ifdef BROKEN_RETIRE_SEPARATE_READS
+    d_step { answer = strong == 1 };                  /* swift_isUniquelyReferenced */
+    if
+    :: answer -> d_step { answer = weak == 0 }        /* swift_weakRetainCount */
+    :: else
+    fi;
+    if
+    :: answer -> d_step { answer = unowned == 1 }     /* swift_unownedRetainCount */
     :: else
     fi
+#else
+    d_step { answer = strong == 1 && unowned == 1 && !sidetable }   /* one word */
 #endif
 }
 
@@ -2593,51 +2605,71 @@ proctype Retirer() {
 #endif
         if
         :: only -> d_step { assert(!freed); freed = 1 }    /* freeStoredValueEarly */
-        :: else
+        :: else -> d_step { retired = 0 }                  /* pc_tree_flags_clear */
         fi
     :: else
     fi;
     d_step { strong-- }                               /* the cascade ends */
 }
 
-proctype Reader(byte me) {
-    bool got;
-    d_step {                                          /* swift_tryRetain */
+inline tryRetain(got) {
+    d_step {
         got = strong > 0;
         if :: got -> strong++ :: else fi
-    };
+    }
+}
+
+proctype LinkReader() {
+    bool got;
+    tryRetain(got);                                   /* `parent`: through the link */
     if
     :: got && retired -> d_step { strong-- }          /* parentIfReachable: gone */
     :: got && !retired ->
         assert(!freed);                               /* reads the value */
-        if                                            /* keeps a reference of its own */
-        :: me == 0 -> d_step { unowned++ }
-        :: me == 1 -> d_step { weak++ }
-        fi;
-        d_step { strong-- };                          /* lets the strong one go */
-        d_step {                                      /* unowned / weak load, later */
-            got = strong > 0;
-            if :: got -> strong++ :: else fi
-        };
+        d_step { unowned++ };                         /* keeps an unowned reference */
+        d_step { strong-- };
+        tryRetain(got);                               /* through it, later */
         if
         :: got -> assert(!freed); d_step { strong-- }
         :: else
         fi;
-        if
-        :: me == 0 -> d_step { unowned-- }
-        :: me == 1 -> d_step { weak-- }
-        fi
+        d_step { unowned-- }
     :: !got
     fi
 }
 
+proctype FlippingReader() {
+    bool got;
+    byte flips;
+    do
+    :: flips < 2 ->
+        tryRetain(got);                               /* swift_weakLoadStrong */
+        if
+        :: !got -> break
+        :: else
+        fi;
+        d_step { weak-- };                            /* the weak one dropped */
+        assert(!freed);                               /* reads the value */
+        d_step { weak++ };                            /* weak again */
+        d_step { strong-- };                          /* the strong one dropped */
+        flips++
+    :: else -> break
+    od;
+    skip;                                             /* (a break may not jump into a d_step) */
+    d_step { weak-- }
+}
+
 init {
     atomic {
+        if                                            /* with or without a user's weak reference */
+        :: weak = 1; sidetable = 1; run FlippingReader()
+        :: skip
+        fi;
         run Retirer();
-        run Reader(0);
-        run Reader(1)
+        run LinkReader()
     }
     timeout;
-    assert(strong == 0)
+    assert(strong == 0);
+    assert(!retired || freed)
 }
 #endif

@@ -538,6 +538,21 @@ bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
     return false;
 }
 
+void pc_tree_flags_clear(pc_promise *promise, uintptr_t bit) {
+    /* No ordering: first guess for the CAS. */
+    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->tree_flags));
+    while ((seen & bit) != 0) {
+        /* full: as pc_tree_flags_set, so that the clear is never moved across the
+         * caller's neighbouring accesses to what the bit stands for. */
+        uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
+            PC_WORD(&promise->tree_flags), (AO_t)seen, (AO_t)(seen & ~bit));
+        if (was == seen) {
+            return;
+        }
+        seen = was;
+    }
+}
+
 /* ---- holds on the path of an in-flight descendant ---------------------------------- */
 
 bool pc_holds_add_if_holding(pc_lineage *lineage, uintptr_t delta) {

@@ -36,20 +36,6 @@ void swift_unownedRelease(void *_Nonnull object);
  */
 _Bool swift_isUniquelyReferenced_nonNull_native(const void *_Nonnull object);
 
-/*
- * The number of weak references to `object`, plus one while it has a side table (where
- * weak counts live) and is not yet freed: so more than one exactly while a weak
- * reference to it exists. Declared in HeapObject.h as size_t (HeapObject *).
- */
-__SIZE_TYPE__ swift_weakRetainCount(void *_Nonnull object);
-
-/*
- * `object`'s unowned reference count: one for all its strong references while it has any,
- * plus one per unowned reference (a Swift `unowned` variable or capture, or a hold taken
- * with swift_unownedRetain). Declared in HeapObject.h as size_t (HeapObject *).
- */
-__SIZE_TYPE__ swift_unownedRetainCount(void *_Nonnull object);
-
 #ifdef __cplusplus
 }
 #endif

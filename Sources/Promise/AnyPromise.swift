@@ -207,7 +207,8 @@ public class AnyPromise: @unchecked Sendable {
     /// a chain settling inline (`.immediate` handlers run by one settling call), a step
     /// that only the cascade still keeps, for its own bookkeeping, counts as gone: its
     /// value is freed once its child ran, and `parent` answers nil, as it will once the
-    /// cascade ends.
+    /// cascade ends (also if a descendant in flight below it keeps it past the cascade,
+    /// for a cancel from above: its value is gone; `root` still walks past it).
     public final var parent: AnyPromise? { parentIfReachable }
 
     /// The top of the tree this promise belongs to: itself when it has no parent.
@@ -216,10 +217,18 @@ public class AnyPromise: @unchecked Sendable {
     /// let step = download.then { decode($0) }.then { render($0) }
     /// step.root === download  // true
     /// ```
+    ///
+    /// The walk passes the steps of a chain settling inline whose values were freed early
+    /// (see `parent`), which `parent` does not show, and answers the topmost promise above
+    /// them that nothing made unreachable.
     public final var root: AnyPromise {
+        var top: AnyPromise = self
         var node: AnyPromise = self
-        while let up = node.parentIfReachable { node = up }
-        return node
+        while let up = node.parentIfAlive {
+            node = up
+            if !up.isRetiredSeenAfterTakingIt { top = up }
+        }
+        return top
     }
 
     // MARK: What the typed subclass provides

@@ -593,6 +593,11 @@ extension AnyPromise {
     /// reference through a link that does not hold this promise (`pc_tree_flags_after_fence`).
     final var treeFlagsAfterFence: UInt { pc_tree_flags_after_fence(corePointer) }
 
+    /// Clears `flag` (full barrier, see `pc_tree_flags_clear`).
+    final func clearTreeFlag(_ flag: UInt) {
+        pc_tree_flags_clear(corePointer, flag)
+    }
+
     /// Sets `flag`; true for the one call that set it (full barrier, see `pc_tree_flags_set`).
     final func setTreeFlag(_ flag: UInt) -> Bool {
         pc_tree_flags_set(corePointer, flag)
@@ -722,6 +727,12 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
     pc_defer(node)
 }
 
+
+/// The word at `word`, with an acquire load (`pc_word_load`): for a word some other code
+/// changes atomically (the Swift runtime's reference counts, read by `RuntimeBridge`).
+func loadWordAcquiring(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+    pc_word_load(word)
+}
 
 /// A full memory fence, StoreLoad included (`pc_fence`).
 func fullFence() {

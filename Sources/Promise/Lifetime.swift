@@ -72,22 +72,24 @@ extension AnyPromise {
     /// Who could still read the value: everything that reads a settled promise's value
     /// holds it (a child firing or queued, an observer deferred, a combinator's slot), or
     /// borrows it from a caller that does, except what reaches a promise through a link
-    /// that does not hold it: `parent`, `root` and `debugDescription` (`parentIfReachable`,
-    /// which treats a retired promise as gone, as it will be once the cascade ends), the
-    /// cancel walks (which read no value), and a user's `weak` or `unowned` reference,
-    /// which does not go through the library. So the value is freed only when the
-    /// reference counts show nothing but the cascade's reference and the kept child's
-    /// link up: no other child, follower, combinator slot or registry link (each holds
-    /// the memory), and no weak or unowned reference, whose read would otherwise find a
-    /// live promise with a freed value. Dekker with `parentIfReachable`: this sets
-    /// `TreeFlag.retired`, fences and reads the counts; a reader takes its reference (a
+    /// that does not hold it: `parent` and `debugDescription` (`parentIfReachable`, which
+    /// treats a retired promise as gone, as it will be once the cascade ends, unless a
+    /// descendant in flight holds it), the cancel walks and `root`'s walk (which read no
+    /// value), and a user's `weak` or `unowned` reference, which does not go through the
+    /// library. So the value is freed only when one snapshot of the reference counts
+    /// (`SwiftRuntime.isOnlyReference`) shows nothing but the cascade's reference and the
+    /// kept child's link up: no other child, follower, combinator slot or registry link
+    /// (each holds the memory), no unowned reference, and no side table (so no weak
+    /// reference, now or before). From then on only the library's own links can make a
+    /// new reference. Dekker with `parentIfReachable`: this sets `TreeFlag.retired`,
+    /// fences and takes a second snapshot; a reader takes its reference (a
     /// read-modify-write), fences and reads the flag. Either this sees the reader's
-    /// reference (or what the reader made from it before letting go) and keeps the
-    /// value, or the reader sees the flag and lets go.
+    /// reference, keeps the value and clears the flag, or the reader sees the flag and
+    /// lets go. So the flag, once left set, means exactly "the value is gone".
     ///
     /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
-    /// up to six loads through the runtime, a read-modify-write and three fences, once
-    /// per step.
+    /// two loads of the count word, two read-modify-writes of the tree flags and a fence,
+    /// once per step.
     @inline(__always)
     private final func freeValueIfOnlyTheCascadeKeepsIt() {
         guard storedValueNeedsDestroy else { return }
@@ -100,21 +102,29 @@ extension AnyPromise {
         // The one memory hold: the link up of the child that kept this promise.
         guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1),
               setTreeFlag(TreeFlag.retired) else { return }
-        fullFence()  // the flag's store before the counts' loads (StoreLoad)
-        // A reader that took a reference meanwhile (before seeing the flag), and any weak
-        // or unowned reference it made before letting go, keep the value.
-        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1) else { return }
+        fullFence()  // the flag's store before the second snapshot (StoreLoad)
+        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1) else {
+            // A reader took a reference meanwhile, before it could see the flag (and any
+            // reference it made from that one since): it keeps the value, and the flag goes.
+            return clearTreeFlag(TreeFlag.retired)
+        }
         freeStoredValueEarly()
     }
 
-    /// The parent, unless it is gone or only a cascade keeps it for its look-ups
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`): what `parent`, `root` and `debugDescription`
-    /// show. A retired parent's value was freed; to everything but the cancel walks it is
-    /// gone, as it will be once the cascade ends.
+    /// The parent, unless it is gone or its value was freed early
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`): what `parent` and `debugDescription` show. A
+    /// retired parent is kept only for the library's own walks: for the cascade's
+    /// look-ups until it ends, or by a descendant in flight, for a cancel from above.
     final var parentIfReachable: AnyPromise? {
-        guard let parent = parentIfAlive else { return nil }
-        // After the try-retain: Dekker with the retirement.
-        return parent.treeFlagsAfterFence & TreeFlag.retired == 0 ? parent : nil
+        guard let parent = parentIfAlive, !parent.isRetiredSeenAfterTakingIt else { return nil }
+        return parent
+    }
+
+    /// Whether this promise's value was freed early, for a reader that has just taken a
+    /// reference to it through a link that does not hold it (Dekker with the retirement:
+    /// the fence orders the try-retain before the flag's load).
+    final var isRetiredSeenAfterTakingIt: Bool {
+        treeFlagsAfterFence & TreeFlag.retired != 0
     }
 }
 

@@ -45,19 +45,35 @@ enum SwiftRuntime {
     }
 
     /// Whether the caller's strong reference is the only way to `object`, apart from
-    /// `memoryHolds` holds of its memory that the caller knows of (`unownedRetain`): no
-    /// other strong reference, no `weak` one and no other unowned one. A user's `weak` or
+    /// `memoryHolds` holds of its memory that the caller knows of (`unownedRetain`), in
+    /// one snapshot of its reference counts: no other strong reference, no other unowned
+    /// one, and no side table, so no `weak` reference, now or before. A user's `weak` or
     /// `unowned` variable can make a strong reference at any time without going through
-    /// the library, so the library frees a value early only when there is none
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`). The strong count is read first: a reference
-    /// made from a strong one that was then dropped is seen with that drop. If the entry
-    /// points went away: false (values are then freed when the cascade ends).
+    /// the library, and turn it back, so the counts must be read at one instant: read one
+    /// after the other, a weak reference turned strong between the two reads, and the
+    /// weak one dropped, would be seen by neither. Used to free a value early
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`).
+    ///
+    /// Why the word itself: the runtime has no call that reads the counts together. Its
+    /// layout on 64-bit targets (`RefCount.h`, `RefCountBitOffsets<8>`, stable since Swift
+    /// 5): bit 0 pure-Swift deallocation, bits 1-31 the unowned count (one for all strong
+    /// references, plus one per unowned one), bit 32 deiniting, bits 33-62 the strong
+    /// count less one, bit 63 "slow": a side table (made for the first weak reference,
+    /// and kept) or an immortal object; debug builds check the layout once
+    /// (`RefCountWord.layoutChecked`). On other targets, or if the layout changed: false
+    /// (values are then freed when the cascade ends, as before).
     static func isOnlyReference(to object: UnsafeMutableRawPointer, besidesMemoryHolds memoryHolds: Int) -> Bool {
-        guard swift_isUniquelyReferenced_nonNull_native(object) else { return false }
-        fullFence()  // the counts below are read after the strong count (acquire)
-        // The weak count is one more than the weak references while a side table exists
-        // (zero or one without); the unowned count, one for the strong references.
-        return swift_weakRetainCount(object) <= 1 && swift_unownedRetainCount(object) <= 1 + memoryHolds
+        #if _pointerBitWidth(_64)
+        guard RefCountWord.layoutAsExpected else { return false }
+        // Acquire: a reference made from a strong one that was then dropped (a release
+        // decrement) is seen with that drop.
+        let word = UInt64(loadWordAcquiring((object + RefCountWord.offset).assumingMemoryBound(to: UInt.self)))
+        return word & RefCountWord.slowOrDeiniting == 0
+            && (word >> RefCountWord.strongExtraShift) & RefCountWord.strongExtraMask == 0
+            && (word >> RefCountWord.unownedShift) & RefCountWord.unownedMask == UInt64(1 + memoryHolds)
+        #else
+        return false
+        #endif
     }
 }
 
@@ -98,4 +114,37 @@ enum CoreLayout {
 /// An object to measure the header on (any Swift class has the same header).
 private final class ObserverBoxLayoutProbe {
     var field = 0
+}
+
+/// The 64-bit layout of a native Swift object's inline reference count word (the second
+/// word of its header), for `SwiftRuntime.isOnlyReference`.
+enum RefCountWord {
+    static let offset = MemoryLayout<UnsafeRawPointer>.size
+    static let unownedShift: UInt64 = 1
+    static let unownedMask: UInt64 = (1 << 31) - 1
+    static let strongExtraShift: UInt64 = 33
+    static let strongExtraMask: UInt64 = (1 << 30) - 1
+    /// The "slow" bit (side table, or immortal) and the deiniting bit.
+    static let slowOrDeiniting: UInt64 = (1 << 63) | (1 << 32)
+
+    /// Whether the layout is where this file says, on an object given one extra strong
+    /// and one unowned reference, then a weak one (debug builds assert it). Found once.
+    static let layoutAsExpected: Bool = {
+        let probe = ObserverBoxLayoutProbe()
+        let object = Unmanaged.passUnretained(probe).toOpaque()
+        func word() -> UInt64 { UInt64(loadWordAcquiring((object + offset).assumingMemoryBound(to: UInt.self))) }
+        let extra = Unmanaged.passRetained(probe)
+        SwiftRuntime.unownedRetain(object)
+        let counted = word()
+        SwiftRuntime.unownedRelease(object)
+        extra.release()
+        weak var weakProbe = probe
+        let withWeak = word()
+        weakProbe = nil
+        let expected = counted & slowOrDeiniting == 0 && (counted >> strongExtraShift) & strongExtraMask == 1
+            && (counted >> unownedShift) & unownedMask == 2 && withWeak & (1 << 63) != 0
+        assert(expected, "the Swift runtime's reference count word changed its layout "
+               + "(0x\(String(counted, radix: 16)), 0x\(String(withWeak, radix: 16)))")
+        return expected && weakProbe == nil
+    }()
 }

@@ -114,4 +114,80 @@ final class CascadeNavigationStressTests: XCTestCase {
             return finished
         }
     }
+
+    /// A user's own references to a step that nothing else holds, turned from weak to
+    /// strong and back (a cache read on another thread), and from unowned to strong and
+    /// back, while the step's cascade runs: the cascade may free a kept step's value only
+    /// when one snapshot of the counts shows no such reference, so every read through them
+    /// finds the value whole (under ASan, a read of a freed one is a use after free).
+    func testUserReferencesTurnedStrongDuringACascade() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let reads = Atomic<Int>(0), wrong = Atomic<Int>(0)
+
+        runStressRounds("user references turned strong during a cascade", invariants: [
+            "every value read through a weak or unowned reference the user turned strong is intact",
+            "the chain's leaf ends with the value its steps made",
+            "every value is freed once the round's promises are dropped",
+        ], details: { "\(reads.load(ordering: .relaxed)) values read" }) { checker in
+            let round = checker.round
+            let rootHolder = Locked<Promise<Token>?>(Promise<Token>())
+            let stepHolder = Locked<Promise<Token>?>(nil)
+            let leaf: Promise<Token>
+            do {
+                let step = rootHolder.withLock { $0! }.then(on: .immediate) { Token(depth: $0.depth + 1) }
+                leaf = step.then(on: .immediate) { Token(depth: $0.depth + 1) }
+                    .then(on: .immediate) { Token(depth: $0.depth + 1) }
+                stepHolder.withLock { $0 = step }
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                if seat == 0 {
+                    crew.barrier.arriveAndWait()
+                    for _ in 0..<random.below(300) { _ = reads.load(ordering: .relaxed) }
+                    let root = rootHolder.withLock { root in
+                        defer { root = nil }
+                        return root!
+                    }
+                    root.fulfill(Token(depth: 0))
+                    return
+                }
+                // Seats 1 and 2 share the step: each takes a strong reference, then the
+                // holder lets go of its own, so only the seats' references remain.
+                var strong = stepHolder.withLock { $0 }
+                crew.barrier.arriveAndWait()
+                if seat == 1 { stepHolder.withLock { $0 = nil } }
+                func read(_ step: Promise<Token>) {
+                    guard step.isFulfilled, let token = try? step.wait() else { return }
+                    reads.add(1, ordering: .relaxed)
+                    if !token.isIntact || token.depth != 1 { wrong.add(1, ordering: .relaxed) }
+                }
+                for _ in 0..<200 {
+                    if seat == 1 {
+                        weak var weakStep = strong
+                        strong = nil
+                        strong = weakStep
+                        weakStep = nil
+                    } else if let held = strong {
+                        unowned let unownedStep = held
+                        strong = nil
+                        strong = unownedStep
+                    }
+                    if let held = strong { read(held) }
+                    if !leaf.isPending { break }
+                }
+                strong = nil
+            }
+            checker.check(finished, "round hung")
+            checker.check(wrong.load(ordering: .relaxed) == 0, "a value read through a user's reference was not whole")
+            do {
+                let token = try? leaf.wait()
+                checker.check(token?.depth == 3 && token?.isIntact == true, "the leaf's value is wrong: \(leaf)")
+            }
+            _ = consume leaf
+            checker.check(Token.alive.load(ordering: .relaxed) == 0,
+                          "\(Token.alive.load(ordering: .relaxed)) values outlived their promises")
+            return finished
+        }
+    }
 }

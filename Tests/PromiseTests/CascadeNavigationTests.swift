@@ -30,6 +30,40 @@ final class CascadeNavigationTests: XCTestCase {
         XCTAssertEqual(read.peek, 42)
     }
 
+    /// A step whose value the cascade freed early (nothing but the cascade held it when
+    /// its child ran) and that a descendant in flight then kept past the cascade, for a
+    /// cancel from above: `parent` does not show it (its value is gone), but `root` walks
+    /// past it to the root the test holds, and that root's cancel reaches the whole tree.
+    func testRootWalksPastAStepWhoseValueWasFreedAndThatOutlivesItsCascade() {
+        let root = Promise<String>()
+        let queue = heldQueue()
+        let sibling = root.then(on: queue) { $0 + "-sibling" }
+        let leaf: Promise<String>
+        do {
+            var step = root
+            for letter in ["q", "p", "c", "g"] {
+                step = step.then(on: .immediate) { $0 + letter }
+            }
+            leaf = step.then(on: queue) { $0 + "h" }  // in flight once the cascade reaches it
+        }
+        root.fulfill("r")
+        XCTAssertTrue(leaf.isPending)
+        var walked: [String] = []
+        var node: AnyPromise = leaf
+        while let up = node.parent {
+            walked.append(up.description)
+            node = up
+        }
+        XCTAssertFalse(walked.contains { $0.contains("\"rqp\"") }, "a step whose value was freed is shown: \(walked)")
+        XCTAssertTrue(leaf.root === root, "root is \(leaf.root)")
+        leaf.root.cancel()
+        queue.resume()
+        settle(leaf)
+        settle(sibling)
+        XCTAssertTrue(leaf.isCancelled, "the leaf: \(leaf)")
+        XCTAssertTrue(sibling.isCancelled, "the root's other branch: \(sibling)")
+    }
+
     /// The same through an `unowned` capture, which the step outlives until the cascade ends.
     func testAnUnownedReferenceReadsAStepsValueDuringItsCascade() {
         let root = Promise<Int>()

@@ -11,6 +11,7 @@
  *   pc_children_take      any thread, any time      lock-free (CAS loop)
  *   pc_children_forget    any thread                wait-free (one fetch-and-add)
  *   pc_tree_flags_set     any thread, any time      lock-free (CAS loop; ends once the bit is set)
+ *   pc_tree_flags_clear   any thread, any time      lock-free (CAS loop; ends once the bit is clear)
  *   pc_tree_flags         any thread, any time      wait-free (one load; _after_fence:
  *                                                   a fence and a load)
  *   pc_holds_*            any thread, any time      lock-free (CAS loops) or wait-free (fetch-and-add)
@@ -63,7 +64,8 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        held this settled promise, so the overlay freed its
                                        value early; a reader that reached it through a link
                                        that does not hold it treats it as gone (Dekker with
-                                       its try-retain: pc_tree_flags_after_fence) */
+                                       its try-retain: pc_tree_flags_after_fence). Set, then
+                                       cleared again if the overlay finds it may not retire */
 #define PC_TREE_COUNT_SHIFT 7u      /* the registry's link count sits above the seven bits */
 
 /*
@@ -73,6 +75,10 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
  * taken by the canceller or sees PUBLISHED in the pusher's following pc_tree_flags load.
  */
 bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
+
+/* Clears `bit` in the tree_flags word (a no-op if it is clear). Full barrier. Only for
+ * PC_TREE_RETIRED, which its setter clears again when it finds it may not retire. */
+void pc_tree_flags_clear(pc_promise *_Nonnull promise, uintptr_t bit);
 
 /* The tree_flags word. acquire: pairs with the full CAS in pc_tree_flags_set; a
  * PUBLISHED bit seen here makes the reason stored before it visible. Inline, as
