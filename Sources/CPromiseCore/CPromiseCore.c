@@ -628,6 +628,56 @@ void pc_fence(void) {
     AO_nop_full();
 }
 
+/* ---- calls into a user's execution context --------------------------------------- */
+
+#if defined(__GNUC__) || defined(__clang__)
+__thread unsigned pc_context_call_depth;
+#else
+_Thread_local unsigned pc_context_call_depth;
+#endif
+
+typedef struct {
+    pc_run_fn run;
+    void *item;
+} pc_queued_run;
+
+/* The work queued by calls nested too deep: a FIFO in a heap buffer, run and freed by the
+ * outermost pc_context_call_end. Only this thread touches it: no atomics. */
+static _Thread_local struct {
+    pc_queued_run *runs;
+    size_t head;
+    size_t count;
+    size_t capacity;
+} pc_context_queue;
+
+void pc_context_run_later(void *item, pc_run_fn run) {
+    if (pc_context_queue.count == pc_context_queue.capacity) {
+        size_t capacity = pc_context_queue.capacity == 0 ? 16 : 2 * pc_context_queue.capacity;
+        pc_queued_run *grown = realloc(pc_context_queue.runs, capacity * sizeof *grown);
+        if (grown == NULL) {
+            pc_die("pc_context_run_later", "out of memory", (uintptr_t)capacity);
+        }
+        pc_context_queue.runs = grown;
+        pc_context_queue.capacity = capacity;
+    }
+    pc_context_queue.runs[pc_context_queue.count++] = (pc_queued_run){run, item};
+}
+
+void pc_context_call_end(void) {
+    if (pc_context_call_depth == 1 && pc_context_queue.count != 0) {
+        /* Still one deep while the queue runs: work that calls a context nests from here,
+         * and work queued meanwhile joins the end (`runs` is re-read: it may grow). */
+        while (pc_context_queue.head < pc_context_queue.count) {
+            pc_queued_run next = pc_context_queue.runs[pc_context_queue.head++];
+            next.run(next.item);
+        }
+        free(pc_context_queue.runs);
+        pc_context_queue.runs = NULL;
+        pc_context_queue.head = pc_context_queue.count = pc_context_queue.capacity = 0;
+    }
+    pc_context_call_depth -= 1;
+}
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */

@@ -21,7 +21,11 @@ import Dispatch
 /// queue their own steps (`retry`, `sequence`, `all(_:maxConcurrent:)`) notice, and
 /// reject their output with `brokenPromise`. A context that runs work twice breaks it
 /// too; the library then runs each handler, observer and step once, and ignores the
-/// second run.
+/// second run. A context that runs work inside `execute` (an executor that runs it at
+/// once when called on its own thread, say) breaks it as well, and gets Zalgo; but a long
+/// chain of handlers on it cannot overflow the stack: past 16 such calls nested on one
+/// thread, the library queues the work and runs it, in order, on that thread, once the
+/// outermost `execute` call returns.
 public protocol ExecutionContext: Sendable {
     /// Schedules `work` to run once, asynchronously.
     func execute(_ work: @escaping @Sendable () -> Void)
@@ -209,7 +213,7 @@ struct StoredContext {
         }
         func execute<C: ExecutionContext>(_: C.Type) {
             let context = withUnsafeMutableBytes(of: &payload) { $0.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: C.self).move() }
-            context.execute(work)
+            ContextCalls.execute(work, on: context)  // it may run the work inline
         }
         execute(stored)
     }

@@ -140,7 +140,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
 
     @usableFromInline
     override func scheduleFire() {
-        context.send { self.fireOnce() }
+        context.send { ContextCalls.runNowOrLater { self.fireOnce() } }
     }
 }
 
@@ -229,7 +229,7 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
     override var queued: Bool { context != nil }
 
     override func scheduleFire() {
-        context.unsafelyUnwrapped.execute { self.fireOnce() }
+        ContextCalls.execute({ ContextCalls.runNowOrLater { self.fireOnce() } }, on: context.unsafelyUnwrapped)
     }
 
     override func run(_ source: AnyPromise) {

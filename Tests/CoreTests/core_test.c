@@ -1633,6 +1633,56 @@ static void test_scope_opener(verdict *v) {
     CHECK(v, !pc_scope_opened_by(&opener.outer.core), "and nothing is left open");
 }
 
+/* ---- calls into a user's execution context ------------------------------------------ */
+
+/* A chain of "handlers" on a context that runs work inside its execute call: each handler
+ * calls the context again for the next, and each asks first whether it is too deep. */
+static struct {
+    unsigned ran[64];
+    unsigned count;
+    unsigned deepest;
+} context_chain;
+
+static void context_step(void *item);
+
+/* The overlay's work: run now, unless too deep (then queue), as ContextCalls does. */
+static void context_work(unsigned step) {
+    if (pc_context_calls_too_deep()) {
+        pc_context_run_later((void *)(uintptr_t)(step + 1), context_step); /* +1: not NULL */
+        return;
+    }
+    context_step((void *)(uintptr_t)(step + 1));
+}
+
+/* The handler of `step` (item - 1): records it, then calls the context for the next,
+ * which runs the work inline, inside the call. */
+static void context_step(void *item) {
+    unsigned step = (unsigned)((uintptr_t)item - 1);
+    if (pc_context_call_depth > context_chain.deepest) {
+        context_chain.deepest = pc_context_call_depth;
+    }
+    context_chain.ran[context_chain.count++] = step;
+    if (step + 1 < 64) {
+        pc_context_call_begin();
+        context_work(step + 1); /* the context runs it inline */
+        pc_context_call_end();
+    }
+}
+
+static void test_context_calls_nest_then_queue(verdict *v) {
+    memset(&context_chain, 0, sizeof context_chain);
+    pc_context_call_begin();
+    context_work(0);
+    pc_context_call_end();
+    CHECK(v, context_chain.count == 64, "every step ran once (%u ran)", context_chain.count);
+    for (unsigned i = 0; i < 64; i++) {
+        CHECK(v, context_chain.ran[i] == i, "step %u ran as %u: out of order", i, context_chain.ran[i]);
+    }
+    CHECK(v, context_chain.deepest == PC_CONTEXT_NESTING,
+          "work ran inside %u nested calls, not at most %u", context_chain.deepest, PC_CONTEXT_NESTING);
+    CHECK(v, pc_context_call_depth == 0 && !pc_context_calls_too_deep(), "the calls all ended");
+}
+
 /* In order: enters and leaves, the request, and nothing retired twice or while inside. */
 static void test_gate_in_order(verdict *v) {
     uintptr_t gate = 0;
@@ -1780,6 +1830,7 @@ int main(void) {
     run_test("retirement gate: enters, leaves, one retirement", test_gate_in_order);
     run_test("cascade watch: only the watched promise counts, watches nest", test_cascade_watch);
     run_test("scope opener: only the outermost call's promise, while open", test_scope_opener);
+    run_test("context calls: nest up to the limit, then queue in order", test_context_calls_nest_then_queue);
 
     static settlers_context settlers; /* static: zeroed, and too big for a crew's stack */
     const stress_test racing_settlers = {

@@ -10,6 +10,8 @@
  *   pc_gate_enter   any thread                       wait-free (one fetch-and-add)
  *   pc_gate_leave   any thread, once per enter       lock-free (CAS loop)
  *   pc_fence        any thread                       wait-free (one fence)
+ *   pc_context_*    any thread (thread-local)        wait-free, except that the outermost
+ *                                                    pc_context_call_end runs the work queued
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
@@ -157,6 +159,41 @@ uintptr_t pc_word_lock(uintptr_t *_Nonnull word);
 
 /* For the lock's holder: stores `value` (lock bit clear), which releases the lock. */
 void pc_word_unlock(uintptr_t *_Nonnull word, uintptr_t value);
+
+/*
+ * Calls into an execution context the user gave. A context must run work later, never
+ * inside its execute call; one that runs it there anyway (an executor that runs work at
+ * once when called on its own thread, say) would nest each handler's settle inside the
+ * one before, and a long chain of such handlers would overflow the stack. So the overlay
+ * brackets each such call with pc_context_call_begin and pc_context_call_end, and work it
+ * hands over first asks pc_context_calls_too_deep: true when this thread is inside more
+ * than PC_CONTEXT_NESTING of those calls, that is when the work is being run inline that
+ * deep. Such work queues itself (pc_context_run_later) instead of running, and the
+ * outermost pc_context_call_end runs the queue, in order, on this thread, as work of a
+ * call one deep (what it calls into a context nests again from there). Thread-local: no
+ * atomics, no lock. The queue's buffer (malloc) goes when the queue is run.
+ */
+#define PC_CONTEXT_NESTING 16u
+
+#if defined(__GNUC__) || defined(__clang__)
+extern __thread unsigned pc_context_call_depth; /* C and C++ alike: no TLS wrapper function */
+#else
+extern _Thread_local unsigned pc_context_call_depth;
+#endif
+
+static inline void pc_context_call_begin(void) {
+    pc_context_call_depth += 1;
+}
+
+void pc_context_call_end(void);
+
+static inline bool pc_context_calls_too_deep(void) {
+    return pc_context_call_depth > PC_CONTEXT_NESTING;
+}
+
+/* Queues run(item) for the outermost pc_context_call_end on this thread (only while
+ * pc_context_calls_too_deep). Aborts if out of memory. */
+void pc_context_run_later(void *_Nonnull item, pc_run_fn _Nonnull run);
 
 /*
  * The word of the application's diagnostics handler (the overlay's PromiseDiagnostics): a

@@ -279,6 +279,8 @@ void pc_defer(pc_node *_Nonnull node);
  * freed when the thread exits.
  */
 typedef void (*pc_release_fn)(void *_Nonnull item);
+/* Runs queued work (pc_context_run_later, pc_overlay.h). */
+typedef void (*pc_run_fn)(void *_Nonnull item);
 bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);
 
 /*
