@@ -289,6 +289,13 @@ extension Promise {
     /// An interval longer than a hundred years never elapses: `.seconds(Int64.max)` means
     /// no timeout. A child that timed out and whose error nobody read is reported to
     /// `PromiseDiagnostics` as an unhandled rejection when it is freed, as any rejection.
+    ///
+    /// Threading: the timer's work (the child's rejection, and the `.immediate` handlers
+    /// it runs) goes to Dispatch's global concurrent queue once due, as `asyncAfter`'s
+    /// does: a process that blocks every thread of that pool (`wait()` inside many
+    /// handlers on `.default`, say) delays its timeouts until a thread is free. Keep
+    /// blocking waits off those threads, or time on an event loop (PromiseNIO's
+    /// `timeout(_:on:)`).
     public func timeout(_ interval: Duration) -> Promise<Value> {
         timeout(interval) { fire, _ in PromiseTimer(after: interval, fire) }
     }
