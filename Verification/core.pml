@@ -2546,12 +2546,14 @@ init {
  * unowned hold). The retirer (AnyPromise.retireIfOnlyTheCascadeKeepsIt, on the cascade's
  * thread) takes a snapshot of the counts (SwiftRuntime.isOnlyReference: one load of the
  * runtime's count word, which holds the strong and unowned counts and the side-table
- * bit), sets RETIRED (pc_tree_flags_set), fences, takes a second snapshot and frees the
- * value, or clears RETIRED again if the second snapshot shows another reference; at the
- * cascade's end it drops its reference.
+ * bit), sets RETIRING (pc_tree_flags_set), fences, takes a second snapshot, then turns
+ * RETIRING into RETIRED in one step (pc_tree_flags_update) and frees the value, or clears
+ * RETIRING if the second snapshot shows another reference; at the cascade's end it drops
+ * its reference.
  *
  * Readers: one reaches S through the child's link (`parent`: swift_tryRetain, then
- * pc_tree_flags_after_fence); one that does not see RETIRED reads the value, then keeps
+ * pc_tree_flags_after_fence, which waits while RETIRING is set); one that does not see
+ * RETIRED reads the value, then keeps
  * an unowned reference of its own after letting go, and later makes a strong reference
  * from it again (swift_unownedRetainStrong: no flag to look at) and reads once more. A
  * second reader, in some runs, starts with a weak reference of the user's (the object
@@ -2562,21 +2564,28 @@ init {
  * 1), `weak` and `sidetable` as the runtime keeps them; each d_step is one atomic
  * operation of the runtime or the core.
  *
- * Properties: no value is read after it was freed; it is freed at most once; at the end,
- * RETIRED is set only if the value was freed (the flag means "the value is gone").
+ * Properties: no value is read after it was freed; it is freed at most once; a reader
+ * that took S for gone (saw RETIRED) was right: at the end the value is freed (`root`
+ * walks past such a step, and `parent` hides it, for good); RETIRED is set only if the
+ * value was freed.
  *
  * Broken variants (must FAIL): -DBROKEN_RETIRE_NO_RECHECK frees right after setting the
  * flag; -DBROKEN_RETIRE_SEPARATE_READS reads the strong, weak and unowned counts one
  * after the other (the flipping reader's strong reference, made between two reads with
- * its weak one dropped, is seen by neither).
+ * its weak one dropped, is seen by neither); -DBROKEN_RETIRE_FLAG_NOT_FINAL has one flag,
+ * RETIRED, set before the second snapshot and cleared if it fails, and readers do not
+ * wait (a reader that saw it set then took S for gone, though its own reference made the
+ * retirer keep the value).
  * ====================================================================================== */
 
 byte strong = 1;     /* the cascade's reference */
 byte unowned = 1;    /* the kept child's link up */
 byte weak;           /* the flipping reader's, when it runs */
 bit  sidetable;      /* made for that weak reference, kept for good */
+bit  retiring;
 bit  retired;
 bit  freed;
+bit  skipped;        /* a reader took S for gone */
 
 inline onlyReference(answer) {
 #ifdef BROKEN_RETIRE_SEPARATE_READS
@@ -2599,13 +2608,19 @@ proctype Retirer() {
     onlyReference(only);
     if
     :: only ->
-        d_step { retired = 1 };                       /* pc_tree_flags_set, then the fence */
+#ifdef BROKEN_RETIRE_FLAG_NOT_FINAL
+        d_step { retired = 1 };
+#else
+        d_step { retiring = 1 };                      /* pc_tree_flags_set, then the fence */
+#endif
 #ifndef BROKEN_RETIRE_NO_RECHECK
         onlyReference(only);
 #endif
         if
-        :: only -> d_step { assert(!freed); freed = 1 }    /* freeStoredValueEarly */
-        :: else -> d_step { retired = 0 }                  /* pc_tree_flags_clear */
+        :: only ->
+            d_step { retiring = 0; retired = 1 };     /* pc_tree_flags_update */
+            d_step { assert(!freed); freed = 1 }      /* freeStoredValueEarly */
+        :: else -> d_step { retiring = 0; retired = 0 }
         fi
     :: else
     fi;
@@ -2622,8 +2637,9 @@ inline tryRetain(got) {
 proctype LinkReader() {
     bool got;
     tryRetain(got);                                   /* `parent`: through the link */
+    (!retiring);                                      /* pc_tree_flags_after_fence waits */
     if
-    :: got && retired -> d_step { strong-- }          /* parentIfReachable: gone */
+    :: got && retired -> d_step { skipped = 1; strong-- }   /* parentIfReachable: gone */
     :: got && !retired ->
         assert(!freed);                               /* reads the value */
         d_step { unowned++ };                         /* keeps an unowned reference */
@@ -2670,6 +2686,7 @@ init {
     }
     timeout;
     assert(strong == 0);
-    assert(!retired || freed)
+    assert(!retired || freed);
+    assert(!skipped || freed)
 }
 #endif

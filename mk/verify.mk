@@ -131,6 +131,7 @@ $(eval $(call verify_run,broken-lifetime-in-flight-keeps-nothing,fail,-DLIFETIME
 $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MODEL -DBROKEN_EARLY_CHILD_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-no-recheck,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-separate-reads,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_SEPARATE_READS,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-retire-flag-not-final,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_FLAG_NOT_FINAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps

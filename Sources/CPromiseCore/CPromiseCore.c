@@ -538,18 +538,34 @@ bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
     return false;
 }
 
-void pc_tree_flags_clear(pc_promise *promise, uintptr_t bit) {
+void pc_tree_flags_update(pc_promise *promise, uintptr_t clear, uintptr_t set) {
     /* No ordering: first guess for the CAS. */
     uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->tree_flags));
-    while ((seen & bit) != 0) {
-        /* full: as pc_tree_flags_set, so that the clear is never moved across the
-         * caller's neighbouring accesses to what the bit stands for. */
+    for (;;) {
+        /* full: release publishes what the caller did before (a retirement decided, before
+         * the value goes); the acquire half keeps the caller's next accesses after it. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
-            PC_WORD(&promise->tree_flags), (AO_t)seen, (AO_t)(seen & ~bit));
+            PC_WORD(&promise->tree_flags), (AO_t)seen, (AO_t)((seen & ~clear) | set));
         if (was == seen) {
             return;
         }
         seen = was;
+    }
+}
+
+uintptr_t pc_tree_flags_after_fence(const pc_promise *promise) {
+    /* full fence: orders the caller's try-retain before the loads below (StoreLoad). */
+    AO_nop_full();
+    unsigned spins = 0;
+    for (;;) {
+        /* acquire: pairs with pc_tree_flags_update's release, which decided RETIRING. */
+        uintptr_t flags = (uintptr_t)AO_load_acquire(PC_WORD(&promise->tree_flags));
+        if ((flags & PC_TREE_RETIRING) == 0) {
+            return flags;
+        }
+        if (++spins > 64) {
+            sched_yield(); /* the retiring thread was preempted in its few instructions */
+        }
     }
 }
 

@@ -582,6 +582,7 @@ enum TreeFlag {
     @inlinable static var errorSeen: UInt { UInt(PC_TREE_ERROR_SEEN) }
     static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
     static var retired: UInt { UInt(PC_TREE_RETIRED) }
+    static var retiring: UInt { UInt(PC_TREE_RETIRING) }
 }
 
 extension AnyPromise {
@@ -589,13 +590,15 @@ extension AnyPromise {
     @inlinable
     final var treeFlags: UInt { pc_tree_flags(corePointer) }
 
-    /// The tree_flags word after a full fence, for a reader that has just taken a strong
-    /// reference through a link that does not hold this promise (`pc_tree_flags_after_fence`).
+    /// The tree_flags word after a full fence, with no retirement being decided in it, for
+    /// a reader that has just taken a strong reference through a link that does not hold
+    /// this promise (`pc_tree_flags_after_fence`).
     final var treeFlagsAfterFence: UInt { pc_tree_flags_after_fence(corePointer) }
 
-    /// Clears `flag` (full barrier, see `pc_tree_flags_clear`).
-    final func clearTreeFlag(_ flag: UInt) {
-        pc_tree_flags_clear(corePointer, flag)
+    /// Clears the flags of `clear` and sets those of `set` in one step (full barrier, see
+    /// `pc_tree_flags_update`).
+    final func updateTreeFlags(clearing clear: UInt, setting set: UInt) {
+        pc_tree_flags_update(corePointer, clear, set)
     }
 
     /// Sets `flag`; true for the one call that set it (full barrier, see `pc_tree_flags_set`).

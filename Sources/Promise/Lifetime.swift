@@ -81,15 +81,18 @@ extension AnyPromise {
     /// kept child's link up: no other child, follower, combinator slot or registry link
     /// (each holds the memory), no unowned reference, and no side table (so no weak
     /// reference, now or before). From then on only the library's own links can make a
-    /// new reference. Dekker with `parentIfReachable`: this sets `TreeFlag.retired`,
-    /// fences and takes a second snapshot; a reader takes its reference (a
-    /// read-modify-write), fences and reads the flag. Either this sees the reader's
-    /// reference, keeps the value and clears the flag, or the reader sees the flag and
-    /// lets go. So the flag, once left set, means exactly "the value is gone".
+    /// new reference. Dekker with `isRetiredSeenAfterTakingIt`: this sets
+    /// `TreeFlag.retiring`, fences and takes a second snapshot; a reader takes its
+    /// reference (a read-modify-write), fences and reads the flags. Either this sees the
+    /// reader's reference, keeps the value and clears `retiring`, or the reader sees
+    /// `retiring`, and waits for the decision, a few instructions: `retiring` turns into
+    /// `retired` (final) in one step before the value goes, or goes. A reader that saw the
+    /// flag before this second snapshot holds a reference the snapshot sees, so the
+    /// decision it waits for keeps the value, and it answers the promise.
     ///
     /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
     /// two loads of the count word, two read-modify-writes of the tree flags and a fence,
-    /// once per step.
+    /// once per step whose value needs freeing.
     @inline(__always)
     private final func freeValueIfOnlyTheCascadeKeepsIt() {
         guard storedValueNeedsDestroy else { return }
@@ -101,13 +104,14 @@ extension AnyPromise {
         let object = Unmanaged.passUnretained(self).toOpaque()
         // The one memory hold: the link up of the child that kept this promise.
         guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1),
-              setTreeFlag(TreeFlag.retired) else { return }
+              setTreeFlag(TreeFlag.retiring) else { return }
         fullFence()  // the flag's store before the second snapshot (StoreLoad)
         guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1) else {
-            // A reader took a reference meanwhile, before it could see the flag (and any
-            // reference it made from that one since): it keeps the value, and the flag goes.
-            return clearTreeFlag(TreeFlag.retired)
+            // A reader took a reference meanwhile (and may be waiting for this decision):
+            // it keeps the value.
+            return updateTreeFlags(clearing: TreeFlag.retiring, setting: 0)
         }
+        updateTreeFlags(clearing: TreeFlag.retiring, setting: TreeFlag.retired)
         freeStoredValueEarly()
     }
 
@@ -122,7 +126,8 @@ extension AnyPromise {
 
     /// Whether this promise's value was freed early, for a reader that has just taken a
     /// reference to it through a link that does not hold it (Dekker with the retirement:
-    /// the fence orders the try-retain before the flag's load).
+    /// the fence orders the try-retain before the flags' load; a retirement being decided
+    /// is waited out, so the answer is final).
     final var isRetiredSeenAfterTakingIt: Bool {
         treeFlagsAfterFence & TreeFlag.retired != 0
     }

@@ -13,6 +13,12 @@ import Promise
 import Synchronization
 import XCTest
 
+/// A weak cell for a token (not for a promise: a weak reference would give the promise a
+/// side table, which rules its early freeing out).
+private final class WeakToken: @unchecked Sendable {
+    weak var token: Token?
+}
+
 /// A value whose reads check that it is still alive, and whose life is counted.
 private final class Token: Sendable {
     static let alive = Atomic<Int>(0)
@@ -115,36 +121,55 @@ final class CascadeNavigationStressTests: XCTestCase {
         }
     }
 
-    /// A user's own references to a step that nothing else holds, turned from weak to
-    /// strong and back (a cache read on another thread), and from unowned to strong and
-    /// back, while the step's cascade runs: the cascade may free a kept step's value only
-    /// when one snapshot of the counts shows no such reference, so every read through them
-    /// finds the value whole (under ASan, a read of a freed one is a use after free).
-    func testUserReferencesTurnedStrongDuringACascade() {
+    /// Readers that reach the steps of a running cascade through `parent` and keep them
+    /// only through references of their own, `unowned` (seat 1) or `weak` (seat 2), made
+    /// from the strong one `parent` gave, which they drop before reading again: the
+    /// cascade frees a kept step's value early only when one snapshot of its counts shows
+    /// no such reference, so every read finds the value whole (under ASan, a read of a
+    /// freed one is a use after free). The chain's last handler holds the cascade open
+    /// until both readers are done, so the steps they reach stay alive; it counts the
+    /// steps whose value was freed by then (the retirements the race is against).
+    func testReferencesMadeFromParentDuringACascade() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
-        let reads = Atomic<Int>(0), wrong = Atomic<Int>(0)
+        let depth = 24
+        let freedEarly = Atomic<Int>(0), reads = Atomic<Int>(0), wrong = Atomic<Int>(0)
 
-        runStressRounds("user references turned strong during a cascade", invariants: [
-            "every value read through a weak or unowned reference the user turned strong is intact",
+        runStressRounds("references made from parent during a cascade", invariants: [
+            "every value read through an unowned or weak reference made from parent is whole and its step's",
             "the chain's leaf ends with the value its steps made",
-            "every value is freed once the round's promises are dropped",
-        ], details: { "\(reads.load(ordering: .relaxed)) values read" }) { checker in
+        ], details: {
+            "\(reads.load(ordering: .relaxed)) values read; \(freedEarly.load(ordering: .relaxed)) step values freed "
+                + "early while the readers ran"
+        }) { checker in
             let round = checker.round
+            let made = (0...depth).map { _ in WeakToken() }
+            let readersDone = Atomic<Int>(0)
             let rootHolder = Locked<Promise<Token>?>(Promise<Token>())
-            let stepHolder = Locked<Promise<Token>?>(nil)
             let leaf: Promise<Token>
             do {
-                let step = rootHolder.withLock { $0! }.then(on: .immediate) { Token(depth: $0.depth + 1) }
-                leaf = step.then(on: .immediate) { Token(depth: $0.depth + 1) }
-                    .then(on: .immediate) { Token(depth: $0.depth + 1) }
-                stepHolder.withLock { $0 = step }
+                var step = rootHolder.withLock { $0! }
+                for level in 1...depth {
+                    step = step.then(on: .immediate) { parent -> Token in
+                        let token = Token(depth: parent.depth + 1)
+                        made[level].token = token
+                        if level == depth {
+                            let deadline = Date(timeIntervalSinceNow: 20)
+                            while readersDone.load(ordering: .acquiring) < 2 && Date() < deadline { sched_yield() }
+                            for earlier in 1..<(depth - 2) where made[earlier].token == nil {
+                                freedEarly.add(1, ordering: .relaxed)
+                            }
+                        }
+                        return token
+                    }
+                }
+                leaf = step
             }
             let finished = crew.play { seat in
                 var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
                 if seat == 0 {
-                    crew.barrier.arriveAndWait()
-                    for _ in 0..<random.below(300) { _ = reads.load(ordering: .relaxed) }
+                    for _ in 0..<random.below(400) { _ = reads.load(ordering: .relaxed) }
                     let root = rootHolder.withLock { root in
                         defer { root = nil }
                         return root!
@@ -152,41 +177,98 @@ final class CascadeNavigationStressTests: XCTestCase {
                     root.fulfill(Token(depth: 0))
                     return
                 }
-                // Seats 1 and 2 share the step: each takes a strong reference, then the
-                // holder lets go of its own, so only the seats' references remain.
-                var strong = stepHolder.withLock { $0 }
-                crew.barrier.arriveAndWait()
-                if seat == 1 { stepHolder.withLock { $0 = nil } }
-                func read(_ step: Promise<Token>) {
+                defer { readersDone.add(1, ordering: .releasing) }
+                func read(_ step: Promise<Token>, level: Int) {
                     guard step.isFulfilled, let token = try? step.wait() else { return }
                     reads.add(1, ordering: .relaxed)
-                    if !token.isIntact || token.depth != 1 { wrong.add(1, ordering: .relaxed) }
+                    if !token.isIntact || token.depth != level { wrong.add(1, ordering: .relaxed) }
                 }
-                for _ in 0..<200 {
-                    if seat == 1 {
-                        weak var weakStep = strong
-                        strong = nil
-                        strong = weakStep
-                        weakStep = nil
-                    } else if let held = strong {
-                        unowned let unownedStep = held
-                        strong = nil
-                        strong = unownedStep
+                for _ in 0..<(20 + random.below(40)) {
+                    var node: AnyPromise = leaf
+                    var level = depth
+                    while let up = node.parent as? Promise<Token> {
+                        level -= 1
+                        if seat == 1 {
+                            unowned let own = up
+                            _ = consume up
+                            for _ in 0..<random.below(20) { _ = reads.load(ordering: .relaxed) }
+                            read(own, level: level)
+                            node = own
+                        } else {
+                            weak var own = up
+                            _ = consume up
+                            for _ in 0..<random.below(20) { _ = reads.load(ordering: .relaxed) }
+                            guard let again = own else { break }
+                            own = nil
+                            read(again, level: level)
+                            node = again
+                        }
                     }
-                    if let held = strong { read(held) }
-                    if !leaf.isPending { break }
                 }
-                strong = nil
             }
             checker.check(finished, "round hung")
-            checker.check(wrong.load(ordering: .relaxed) == 0, "a value read through a user's reference was not whole")
+            checker.check(wrong.load(ordering: .relaxed) == 0, "a value read through a reference made from parent was not whole")
             do {
                 let token = try? leaf.wait()
-                checker.check(token?.depth == 3 && token?.isIntact == true, "the leaf's value is wrong: \(leaf)")
+                checker.check(token?.depth == depth && token?.isIntact == true, "the leaf's value is wrong: \(leaf)")
             }
-            _ = consume leaf
-            checker.check(Token.alive.load(ordering: .relaxed) == 0,
-                          "\(Token.alive.load(ordering: .relaxed)) values outlived their promises")
+            return finished
+        }
+    }
+
+    /// `root` taken on another thread while a cascade decides whether to free its steps'
+    /// values: what it answers has no parent (a step it walked past was retired for good),
+    /// and a cancel of it reaches a branch made on anything above the leaf it can reach.
+    /// The chain's root is settled inside an outer handler that lets go of it, so it may
+    /// be retired too.
+    func testRootDuringARetirementIsTheTop() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        let depth = 8
+        let withParent = Atomic<Int>(0), walks = Atomic<Int>(0)
+
+        runStressRounds("root during a retirement", invariants: [
+            "leaf.root has no parent: it is the topmost promise whose value is not freed",
+        ], details: { "\(walks.load(ordering: .relaxed)) walks" }) { checker in
+            let round = checker.round
+            let outer = Promise<Int>()
+            let innerHolder = Locked<Promise<Token>?>(Promise<Token>())
+            let leaf: Promise<Token>
+            do {
+                var step = innerHolder.withLock { $0! }
+                for _ in 1...depth { step = step.then(on: .immediate) { Token(depth: $0.depth + 1) } }
+                leaf = step.then(on: .immediate) { parent -> Token in
+                    for _ in 0..<200 { _ = walks.load(ordering: .relaxed) }  // the cascade stays open a little
+                    return Token(depth: parent.depth + 1)
+                }
+            }
+            let kick = outer.then(on: .immediate) { _ in
+                let inner = innerHolder.withLock { inner in
+                    defer { inner = nil }
+                    return inner!
+                }
+                inner.fulfill(Token(depth: 0))
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    for _ in 0..<random.below(200) { _ = walks.load(ordering: .relaxed) }
+                    outer.fulfill(1)
+                    return
+                }
+                for _ in 0..<400 {
+                    walks.add(1, ordering: .relaxed)
+                    if leaf.root.parent != nil {
+                        withParent.add(1, ordering: .relaxed)
+                        break
+                    }
+                    if !leaf.isPending { break }
+                }
+            }
+            checker.check(finished, "round hung")
+            checker.check(withParent.load(ordering: .relaxed) == 0, "leaf.root answered a promise with a parent")
+            _ = kick
             return finished
         }
     }

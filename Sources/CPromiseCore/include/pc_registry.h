@@ -11,9 +11,10 @@
  *   pc_children_take      any thread, any time      lock-free (CAS loop)
  *   pc_children_forget    any thread                wait-free (one fetch-and-add)
  *   pc_tree_flags_set     any thread, any time      lock-free (CAS loop; ends once the bit is set)
- *   pc_tree_flags_clear   any thread, any time      lock-free (CAS loop; ends once the bit is clear)
- *   pc_tree_flags         any thread, any time      wait-free (one load; _after_fence:
- *                                                   a fence and a load)
+ *   pc_tree_flags_update  any thread, any time      lock-free (CAS loop)
+ *   pc_tree_flags         any thread, any time      wait-free (one load); _after_fence
+ *                                                   waits out a retirement being decided
+ *                                                   (a few instructions on another thread)
  *   pc_holds_*            any thread, any time      lock-free (CAS loops) or wait-free (fetch-and-add)
  *   pc_forwarding_*       any thread                wait-free (one load or fetch-and-add)
  *
@@ -63,10 +64,13 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_RETIRED 64u         /* only a cascade's keep (pc_keep_until_cascade_end) still
                                        held this settled promise, so the overlay freed its
                                        value early; a reader that reached it through a link
-                                       that does not hold it treats it as gone (Dekker with
-                                       its try-retain: pc_tree_flags_after_fence). Set, then
-                                       cleared again if the overlay finds it may not retire */
-#define PC_TREE_COUNT_SHIFT 7u      /* the registry's link count sits above the seven bits */
+                                       that does not hold it treats it as gone. Final: set
+                                       once, never cleared */
+#define PC_TREE_RETIRING 128u       /* the overlay is deciding whether to retire: set before
+                                       its second look at the reference counts, then turned
+                                       into RETIRED or cleared (pc_tree_flags_update); a
+                                       reader waits it out (pc_tree_flags_after_fence) */
+#define PC_TREE_COUNT_SHIFT 8u      /* the registry's link count sits above the eight bits */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
@@ -76,9 +80,9 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
  */
 bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
-/* Clears `bit` in the tree_flags word (a no-op if it is clear). Full barrier. Only for
- * PC_TREE_RETIRED, which its setter clears again when it finds it may not retire. */
-void pc_tree_flags_clear(pc_promise *_Nonnull promise, uintptr_t bit);
+/* Clears the bits of `clear` and sets those of `set` in one CAS. Full barrier. For the
+ * retirement's decision: PC_TREE_RETIRING becomes PC_TREE_RETIRED, or goes. */
+void pc_tree_flags_update(pc_promise *_Nonnull promise, uintptr_t clear, uintptr_t set);
 
 /* The tree_flags word. acquire: pairs with the full CAS in pc_tree_flags_set; a
  * PUBLISHED bit seen here makes the reason stored before it visible. Inline, as
@@ -88,19 +92,18 @@ static inline uintptr_t pc_tree_flags(const pc_promise *_Nonnull promise) {
 }
 
 /*
- * The tree_flags word, after a full fence: for a reader that has just taken a strong
- * reference with a relaxed read-modify-write on another word (the Swift runtime's
- * try-retain) and must then see a PC_TREE_RETIRED set before that reference was taken.
- * Dekker with the overlay's retirement, which sets the bit (pc_tree_flags_set, full), then
- * fences and reads the reference count: either it sees this reader's reference and keeps
- * the value, or this load sees the bit. The fence is needed on weakly ordered machines: an
- * acquire load may be satisfied before a relaxed read-modify-write's store is visible.
+ * The tree_flags word, after a full fence, with no PC_TREE_RETIRING in it: for a reader
+ * that has just taken a strong reference with a relaxed read-modify-write on another word
+ * (the Swift runtime's try-retain) and must then know whether the promise was retired.
+ * Dekker with the overlay's retirement, which sets RETIRING (pc_tree_flags_set, full),
+ * fences and reads the reference counts again: either it sees this reader's reference
+ * and keeps the value (RETIRING goes), or this load sees RETIRING. Seen, RETIRING is
+ * waited out (spinning, then yielding): the decision it stands for is a few instructions
+ * on the retiring thread, and it may go either way, so only its outcome answers. The
+ * fence is needed on weakly ordered machines: an acquire load may be satisfied before a
+ * relaxed read-modify-write's store is visible.
  */
-static inline uintptr_t pc_tree_flags_after_fence(const pc_promise *_Nonnull promise) {
-    /* seq_cst fence: orders the caller's try-retain before this load (StoreLoad). */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    return __atomic_load_n(&promise->tree_flags, __ATOMIC_ACQUIRE);
-}
+uintptr_t pc_tree_flags_after_fence(const pc_promise *_Nonnull promise);
 
 /*
  * The holds word: what keeps a settled promise's parent alive while a descendant is still
