@@ -58,8 +58,11 @@ extension Promise {
     /// ignored. NIO futures cannot be cancelled, so the work behind the future runs on;
     /// attach `onCancel` to stop it yourself (close the channel), or build the promise
     /// from a `Scheduled` task, which is cancelled for you.
-    public convenience init(_ future: EventLoopFuture<Value>) {
-        self.init()
+    ///
+    /// `file` and `line` name where it was made, as for `Promise()`: leave them to their
+    /// defaults.
+    public convenience init(_ future: EventLoopFuture<Value>, file: StaticString = #fileID, line: UInt = #line) {
+        self.init(file: file, line: line)
         future.whenComplete { [self] result in self.resolve(result) }
     }
 
@@ -72,9 +75,10 @@ extension Promise {
     /// ```
     ///
     /// Otherwise it behaves as `Promise(scheduled.futureResult)`: it settles on the loop
-    /// with the task's value or error.
-    public convenience init(_ scheduled: Scheduled<Value>) {
-        self.init(scheduled.futureResult)
+    /// with the task's value or error. (`file` and `line`: as for `init(_:file:line:)`
+    /// with a future.)
+    public convenience init(_ scheduled: Scheduled<Value>, file: StaticString = #fileID, line: UInt = #line) {
+        self.init(scheduled.futureResult, file: file, line: line)
         onCancel { scheduled.cancel() }
     }
 
@@ -141,8 +145,11 @@ extension EventLoopFuture where Value: Sendable {
     /// ```swift
     /// let pages = Promise.all(urls.map { client.get($0).promise() })
     /// ```
-    public func promise() -> Promise<Value> {
-        Promise(self)
+    ///
+    /// `file` and `line` name where it was made, as for `Promise()`: leave them to their
+    /// defaults.
+    public func promise(file: StaticString = #fileID, line: UInt = #line) -> Promise<Value> {
+        Promise(self, file: file, line: line)
     }
 }
 
@@ -153,8 +160,10 @@ extension Scheduled where T: Sendable {
     /// ```swift
     /// let retry = loop.scheduleTask(in: .milliseconds(100)) { attempt() }.promise()
     /// ```
-    public func promise() -> Promise<T> {
-        Promise(self)
+    ///
+    /// `file` and `line`: as for `EventLoopFuture.promise(file:line:)`.
+    public func promise(file: StaticString = #fileID, line: UInt = #line) -> Promise<T> {
+        Promise(self, file: file, line: line)
     }
 }
 

@@ -24,6 +24,28 @@ final class PromiseNIOTests: XCTestCase {
         group = nil
     }
 
+    /// A promise bridged from a future or a scheduled task names where the caller made it
+    /// (debug builds of the library record it), not the bridge's own source.
+    func testBridgedPromisesNameWhereTheCallerMadeThem() throws {
+        let loop = group.next()
+        let future = loop.makePromise(of: Int.self)
+        let made: [(Promise<Int>, UInt)] = [
+            (Promise(future.futureResult), #line),
+            (future.futureResult.promise(), #line),
+            (Promise(loop.scheduleTask(in: .seconds(60)) { 1 }), #line),
+            (loop.scheduleTask(in: .seconds(60)) { 1 }.promise(), #line),
+        ]
+        for (promise, line) in made {
+            #if DEBUG
+            XCTAssertTrue(promise.debugDescription.contains("made at \(#fileID):\(line)"), promise.debugDescription)
+            #else
+            XCTAssertFalse(promise.debugDescription.contains("made at"), promise.debugDescription)
+            #endif
+            promise.cancel()
+        }
+        future.succeed(1)
+    }
+
     func testHandlersRunOnTheLoop() throws {
         let loop = group.next()
         let onLoop = Promise<Int>(on: .default) { 1 }.then(on: .eventLoop(loop)) { _ in loop.inEventLoop }
