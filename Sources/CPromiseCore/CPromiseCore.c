@@ -657,7 +657,7 @@ typedef struct {
     void *item;
 } pc_queued_run;
 
-/* The work queued by calls nested too deep: a FIFO in a heap buffer, run and freed by the
+/* The calls queued for being nested too deep: a FIFO in a heap buffer, run and freed by the
  * outermost pc_context_call_end. Only this thread touches it: no atomics. */
 static _Thread_local struct {
     pc_queued_run *runs;
@@ -681,8 +681,8 @@ void pc_context_run_later(void *item, pc_run_fn run) {
 
 void pc_context_call_end(void) {
     if (pc_context_call_depth == 1 && pc_context_queue.count != 0) {
-        /* Still one deep while the queue runs: work that calls a context nests from here,
-         * and work queued meanwhile joins the end (`runs` is re-read: it may grow). */
+        /* Still one deep while the queue runs: a queued call nests from here, and calls
+         * queued meanwhile join the end (`runs` is re-read: it may grow). */
         while (pc_context_queue.head < pc_context_queue.count) {
             pc_queued_run next = pc_context_queue.runs[pc_context_queue.head++];
             next.run(next.item);

@@ -734,42 +734,38 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
 /// Calls into an execution context the user gave (`pc_context_call_begin`, pc_overlay.h).
 /// A context must run work later, never inside `execute`; one that runs it there anyway
 /// would nest each handler's settle inside the one before, and a long chain of them would
-/// overflow the stack. Each call is bracketed, and the work the library hands over starts
-/// with `runNowOrLater`: more than 16 such calls deep on one thread, it queues itself to
-/// run, in order, once the outermost call returns. Thread-local counts: no atomics.
+/// overflow the stack. Each call is counted, and a call made inside 16 others on the same
+/// thread (a context running work inline, that deep) is not made then: it is queued, and
+/// made, in order, once the outermost call returns. So every piece of work still runs
+/// inside its own context's `execute` (a context that runs it under a lock keeps that
+/// exclusion), only later. Thread-local counts: no atomics.
 enum ContextCalls {
-    /// `context.execute(work)`, counted as a call into a context.
+    /// `context.execute(work)`, counted as a call into a context; queued if this thread is
+    /// too deep in such calls already.
     @inline(__always)
     static func execute<Context: ExecutionContext>(_ work: @escaping @Sendable () -> Void, on context: Context) {
+        if pc_context_calls_too_deep() { return later(work, on: context) }
         pc_context_call_begin()
         context.execute(work)
         pc_context_call_end()
     }
 
-    /// Runs `body` now, or, inside more than `PC_CONTEXT_NESTING` calls into contexts on
-    /// this thread (a context running work inline, that deep), once the outermost call
-    /// returns. The first thing each piece of work handed to a context does.
-    @inline(__always)
-    static func runNowOrLater(_ body: @escaping @Sendable () -> Void) {
-        if pc_context_calls_too_deep() { return runLater(body) }
-        body()
-    }
-
     @inline(never)
-    private static func runLater(_ body: @escaping @Sendable () -> Void) {
-        pc_context_run_later(Unmanaged.passRetained(QueuedContextWork(body)).toOpaque(), runQueuedContextWork)
+    private static func later<Context: ExecutionContext>(_ work: @escaping @Sendable () -> Void, on context: Context) {
+        let call = QueuedContextCall { execute(work, on: context) }
+        pc_context_run_later(Unmanaged.passRetained(call).toOpaque(), makeQueuedContextCall)
     }
 }
 
-/// Work `ContextCalls` queued (a box: the core queues one pointer per piece of work).
-private final class QueuedContextWork {
-    let body: @Sendable () -> Void
-    init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+/// A call `ContextCalls` queued (a box: the core queues one pointer per call).
+private final class QueuedContextCall {
+    let make: @Sendable () -> Void
+    init(_ make: @escaping @Sendable () -> Void) { self.make = make }
 }
 
-/// The outermost call's end runs what was queued (`pc_context_call_end`).
-private func runQueuedContextWork(_ item: UnsafeMutableRawPointer) {
-    Unmanaged<QueuedContextWork>.fromOpaque(item).takeRetainedValue().body()
+/// The outermost call's end makes the calls that were queued (`pc_context_call_end`).
+private func makeQueuedContextCall(_ item: UnsafeMutableRawPointer) {
+    Unmanaged<QueuedContextCall>.fromOpaque(item).takeRetainedValue().make()
 }
 
 /// The word at `word`, with an acquire load (`pc_word_load`): for a word some other code

@@ -23,9 +23,11 @@ import Dispatch
 /// too; the library then runs each handler, observer and step once, and ignores the
 /// second run. A context that runs work inside `execute` (an executor that runs it at
 /// once when called on its own thread, say) breaks it as well, and gets Zalgo; but a long
-/// chain of handlers on it cannot overflow the stack: past 16 such calls nested on one
-/// thread, the library queues the work and runs it, in order, on that thread, once the
-/// outermost `execute` call returns.
+/// chain of handlers on it cannot overflow the stack: a call to `execute` that would be
+/// nested in 16 others on one thread is queued instead, and made, in order, on that
+/// thread, once the outermost call returns (so each handler still runs inside its
+/// context's `execute`). A handler that blocks that deep waiting for one of those queued
+/// handlers waits for ever, as with `.immediate` (see `wait()`).
 public protocol ExecutionContext: Sendable {
     /// Schedules `work` to run once, asynchronously.
     func execute(_ work: @escaping @Sendable () -> Void)

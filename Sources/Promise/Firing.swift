@@ -73,9 +73,7 @@ extension AnyPromise {
                     // this thread's deferred half, which drops it (rare: an allocation
                     // more for the closure's captures, and one for its one-shot flag).
                     let once = RunOnce()
-                    sendToContext { [source] in
-                        ContextCalls.runNowOrLater { if once.claim() { self.runContinuation(parent: source) } }
-                    }
+                    sendToContext { [source] in if once.claim() { self.runContinuation(parent: source) } }
                 }
                 deferOnThisThread()
                 return
@@ -87,7 +85,7 @@ extension AnyPromise {
             } else {
                 // The node's reference keeps this promise alive until `send` has returned:
                 // the work may run, and drop its own reference, before that.
-                sendToContext { ContextCalls.runNowOrLater { self.runContinuationTakingParent(once: true) } }
+                sendToContext { self.runContinuationTakingParent(once: true) }
                 retained.release()
             }
         case .following:

@@ -140,7 +140,7 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
 
     @usableFromInline
     override func scheduleFire() {
-        context.send { ContextCalls.runNowOrLater { self.fireOnce() } }
+        context.send { self.fireOnce() }
     }
 }
 
@@ -229,7 +229,7 @@ final class MovedSlotObserver: ObserverBox, @unchecked Sendable {
     override var queued: Bool { context != nil }
 
     override func scheduleFire() {
-        ContextCalls.execute({ ContextCalls.runNowOrLater { self.fireOnce() } }, on: context.unsafelyUnwrapped)
+        ContextCalls.execute({ self.fireOnce() }, on: context.unsafelyUnwrapped)
     }
 
     override func run(_ source: AnyPromise) {

@@ -59,9 +59,9 @@ enum SwiftRuntime {
     /// 5): bit 0 pure-Swift deallocation, bits 1-31 the unowned count (one for all strong
     /// references, plus one per unowned one), bit 32 deiniting, bits 33-62 the strong
     /// count less one, bit 63 "slow": a side table (made for the first weak reference,
-    /// and kept) or an immortal object; debug builds check the layout once
-    /// (`RefCountWord.layoutChecked`). On other targets, or if the layout changed: false
-    /// (values are then freed when the cascade ends, as before).
+    /// and kept) or an immortal object; the first call checks the layout on an object of
+    /// its own (`RefCountWord.layoutAsExpected`). On other targets, or if the layout
+    /// changed: false (values are then freed when the cascade ends, as before).
     static func isOnlyReference(to object: UnsafeMutableRawPointer, besidesMemoryHolds memoryHolds: Int) -> Bool {
         #if _pointerBitWidth(_64)
         guard RefCountWord.layoutAsExpected else { return false }

@@ -1636,50 +1636,49 @@ static void test_scope_opener(verdict *v) {
 /* ---- calls into a user's execution context ------------------------------------------ */
 
 /* A chain of "handlers" on a context that runs work inside its execute call: each handler
- * calls the context again for the next, and each asks first whether it is too deep. */
+ * calls the context for the next, as the overlay does (ContextCalls.execute): it first
+ * asks whether it is too deep, and queues the call if so. */
 static struct {
     unsigned ran[64];
+    unsigned depth_of[64];
     unsigned count;
-    unsigned deepest;
 } context_chain;
 
-static void context_step(void *item);
+static void context_call(void *item);
 
-/* The overlay's work: run now, unless too deep (then queue), as ContextCalls does. */
-static void context_work(unsigned step) {
-    if (pc_context_calls_too_deep()) {
-        pc_context_run_later((void *)(uintptr_t)(step + 1), context_step); /* +1: not NULL */
-        return;
+/* The handler of `step`: records it and the calls it runs inside, then calls the context
+ * for the next. */
+static void context_handler(unsigned step) {
+    context_chain.ran[context_chain.count] = step;
+    context_chain.depth_of[context_chain.count++] = pc_context_call_depth;
+    if (step + 1 < 64) {
+        context_call((void *)(uintptr_t)(step + 2)); /* +1: not NULL; the next step */
     }
-    context_step((void *)(uintptr_t)(step + 1));
 }
 
-/* The handler of `step` (item - 1): records it, then calls the context for the next,
- * which runs the work inline, inside the call. */
-static void context_step(void *item) {
-    unsigned step = (unsigned)((uintptr_t)item - 1);
-    if (pc_context_call_depth > context_chain.deepest) {
-        context_chain.deepest = pc_context_call_depth;
+/* ContextCalls.execute for the handler of step item - 1, on a context that runs it inline. */
+static void context_call(void *item) {
+    if (pc_context_calls_too_deep()) {
+        pc_context_run_later(item, context_call);
+        return;
     }
-    context_chain.ran[context_chain.count++] = step;
-    if (step + 1 < 64) {
-        pc_context_call_begin();
-        context_work(step + 1); /* the context runs it inline */
-        pc_context_call_end();
-    }
+    pc_context_call_begin();
+    context_handler((unsigned)((uintptr_t)item - 1)); /* the context's execute: inline */
+    pc_context_call_end();
 }
 
 static void test_context_calls_nest_then_queue(verdict *v) {
     memset(&context_chain, 0, sizeof context_chain);
-    pc_context_call_begin();
-    context_work(0);
-    pc_context_call_end();
+    context_call((void *)(uintptr_t)1);
     CHECK(v, context_chain.count == 64, "every step ran once (%u ran)", context_chain.count);
     for (unsigned i = 0; i < 64; i++) {
         CHECK(v, context_chain.ran[i] == i, "step %u ran as %u: out of order", i, context_chain.ran[i]);
+        CHECK(v, context_chain.depth_of[i] >= 1 && context_chain.depth_of[i] <= PC_CONTEXT_NESTING,
+              "step %u ran inside %u calls, not inside its own and at most %u", i,
+              context_chain.depth_of[i], PC_CONTEXT_NESTING);
     }
-    CHECK(v, context_chain.deepest == PC_CONTEXT_NESTING,
-          "work ran inside %u nested calls, not at most %u", context_chain.deepest, PC_CONTEXT_NESTING);
+    CHECK(v, context_chain.depth_of[PC_CONTEXT_NESTING - 1] == PC_CONTEXT_NESTING,
+          "calls nest up to the limit before they queue");
     CHECK(v, pc_context_call_depth == 0 && !pc_context_calls_too_deep(), "the calls all ended");
 }
 

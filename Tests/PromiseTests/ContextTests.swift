@@ -656,6 +656,24 @@ private final class QueueOrInlineContext: ExecutionContext, @unchecked Sendable 
     }
 }
 
+/// Runs work inside `execute` under its lock, and knows whether a call is running: a
+/// synchronous executor that serialises its work (against the contract, which wants it
+/// later).
+private final class LockedInlineContext: ExecutionContext, @unchecked Sendable {
+    private let lock = NSRecursiveLock()
+    private var running = 0
+
+    var isRunning: Bool { lock.withLock { running > 0 } }
+
+    func execute(_ work: @escaping @Sendable () -> Void) {
+        lock.withLock {
+            running += 1
+            work()
+            running -= 1
+        }
+    }
+}
+
 extension ContextTests {
     /// A context that runs work inside `execute` cannot make a long chain overflow the
     /// stack (it crashed at 2,000 to 5,000 steps): handlers on it, and `whenComplete`
@@ -696,6 +714,21 @@ extension ContextTests {
             start.fulfill(0)
             XCTAssertEqual(value(step), depth)
             XCTAssertEqual(offQueue.value, 0, "handlers ran off the context's queue")
+
+            // Each handler still runs inside its context's `execute`, however deep.
+            let locked = LockedInlineContext()
+            let outside = Counter()
+            let first = Promise<Int>()
+            step = first
+            for _ in 0..<depth {
+                step = step.then(on: locked) { value -> Int in
+                    if !locked.isRunning { outside.increment() }
+                    return value + 1
+                }
+            }
+            first.fulfill(0)
+            XCTAssertEqual(value(step), depth)
+            XCTAssertEqual(outside.value, 0, "handlers ran outside their context's execute")
         }
     }
 }

@@ -165,13 +165,13 @@ void pc_word_unlock(uintptr_t *_Nonnull word, uintptr_t value);
  * inside its execute call; one that runs it there anyway (an executor that runs work at
  * once when called on its own thread, say) would nest each handler's settle inside the
  * one before, and a long chain of such handlers would overflow the stack. So the overlay
- * brackets each such call with pc_context_call_begin and pc_context_call_end, and work it
- * hands over first asks pc_context_calls_too_deep: true when this thread is inside more
- * than PC_CONTEXT_NESTING of those calls, that is when the work is being run inline that
- * deep. Such work queues itself (pc_context_run_later) instead of running, and the
- * outermost pc_context_call_end runs the queue, in order, on this thread, as work of a
- * call one deep (what it calls into a context nests again from there). Thread-local: no
- * atomics, no lock. The queue's buffer (malloc) goes when the queue is run.
+ * brackets each such call with pc_context_call_begin and pc_context_call_end, and first
+ * asks pc_context_calls_too_deep: true when this thread is inside PC_CONTEXT_NESTING of
+ * those calls already. Then it does not make the call but queues it
+ * (pc_context_run_later), and the outermost pc_context_call_end makes the queued calls,
+ * in order, on this thread, one deep (what they nest nests again from there).
+ * Thread-local: no atomics, no lock. The queue's buffer (malloc) goes when the queue is
+ * run.
  */
 #define PC_CONTEXT_NESTING 16u
 
@@ -188,7 +188,7 @@ static inline void pc_context_call_begin(void) {
 void pc_context_call_end(void);
 
 static inline bool pc_context_calls_too_deep(void) {
-    return pc_context_call_depth > PC_CONTEXT_NESTING;
+    return pc_context_call_depth >= PC_CONTEXT_NESTING;
 }
 
 /* Queues run(item) for the outermost pc_context_call_end on this thread (only while
