@@ -11,7 +11,7 @@
  *   pc_gate_leave   any thread, once per enter       lock-free (CAS loop)
  *   pc_fence        any thread                       wait-free (one fence)
  *   pc_context_*    any thread (thread-local)        wait-free, except that the outermost
- *                                                    pc_context_call_end runs the work queued
+ *                                                    pc_context_call_end makes the calls queued
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
