@@ -682,11 +682,22 @@ extension ContextTests {
     func testAContextThatRunsWorkInlineCannotOverflowTheStack() {
         runInChildProcess {
             let depth = 20_000
-            let root = Promise<Int>()
-            var step = root
-            for _ in 0..<depth { step = step.then(on: RunsInlineContext()) { $0 + 1 } }
-            root.fulfill(0)
-            XCTAssertEqual(value(step), depth)
+            /// A chain of `depth` handlers on `context`, settled: its end's value, and how
+            /// many handlers `isInPlace` said ran where they should not.
+            func chain(on context: some ExecutionContext, isInPlace: @escaping @Sendable () -> Bool) -> (Int?, Int) {
+                let misplaced = Counter()
+                let start = Promise<Int>()
+                var step = start
+                for _ in 0..<depth {
+                    step = step.then(on: context) { value -> Int in
+                        if !isInPlace() { misplaced.increment() }
+                        return value + 1
+                    }
+                }
+                start.fulfill(0)
+                return (value(step), misplaced.value)
+            }
+            XCTAssertEqual(chain(on: RunsInlineContext()) { true }.0, depth)
 
             let links = (0...depth).map { _ in Promise<Int>() }
             let order = Recorder<Int>()
@@ -702,33 +713,15 @@ extension ContextTests {
             XCTAssertEqual(order.values, Array(0..<depth), "observers ran out of order")
 
             let loop = QueueOrInlineContext()
-            let offQueue = Counter()
-            let start = Promise<Int>()
-            step = start
-            for _ in 0..<depth {
-                step = step.then(on: loop) { value -> Int in
-                    if !loop.isOnQueue { offQueue.increment() }
-                    return value + 1
-                }
-            }
-            start.fulfill(0)
-            XCTAssertEqual(value(step), depth)
-            XCTAssertEqual(offQueue.value, 0, "handlers ran off the context's queue")
+            let onLoop = chain(on: loop) { loop.isOnQueue }
+            XCTAssertEqual(onLoop.0, depth)
+            XCTAssertEqual(onLoop.1, 0, "handlers ran off the context's queue")
 
             // Each handler still runs inside its context's `execute`, however deep.
             let locked = LockedInlineContext()
-            let outside = Counter()
-            let first = Promise<Int>()
-            step = first
-            for _ in 0..<depth {
-                step = step.then(on: locked) { value -> Int in
-                    if !locked.isRunning { outside.increment() }
-                    return value + 1
-                }
-            }
-            first.fulfill(0)
-            XCTAssertEqual(value(step), depth)
-            XCTAssertEqual(outside.value, 0, "handlers ran outside their context's execute")
+            let inLock = chain(on: locked) { locked.isRunning }
+            XCTAssertEqual(inLock.0, depth)
+            XCTAssertEqual(inLock.1, 0, "handlers ran outside their context's execute")
         }
     }
 }
