@@ -430,14 +430,35 @@ final class LifetimeModelTests: XCTestCase {
 
     /// Polling a long-lived pending promise runs in constant memory: each
     /// `wait(timeout:)` that timed out leaves the promise, and its one registration (the
-    /// waiter list's node) serves every later wait.
+    /// waiter list's node) serves every later wait. (Short timeouts, not zero: a timeout
+    /// already elapsed is a poll, which never joins the list.)
     func testWaitTimeoutPollsLeaveNothingOnALongLivedPromise() {
         let pending = Promise<Int>()
-        for _ in 0..<20_000 { XCTAssertThrowsError(try pending.wait(timeout: .zero)) }
+        for _ in 0..<2_000 { XCTAssertThrowsError(try pending.wait(timeout: .microseconds(100))) }
         XCTAssertEqual(pending.existingRareState?.waitingCount, 0, "timed-out waits stay listed")
         XCTAssertEqual(pending.debugObserverNodeCount, 1, "one node for the whole list")
         pending.fulfill(1)
         XCTAssertEqual(try pending.wait(timeout: .seconds(10)), 1)
+    }
+
+    /// A timeout of zero or less is a poll: it answers from the promise's state, without
+    /// joining its waiter list (no rare state is made for it).
+    func testWaitWithAnElapsedTimeoutIsAPollThatRegistersNothing() {
+        let pending = Promise<Int>()
+        for timeout in [Duration.zero, .seconds(-1), .nanoseconds(Int64.min)] {
+            XCTAssertThrowsError(try pending.wait(timeout: timeout)) { error in
+                guard case .timedOut? = error as? PromiseError else { return XCTFail("expected timedOut, got \(error)") }
+            }
+        }
+        XCTAssertNil(pending.existingRareState, "a poll joined the waiter list")
+        XCTAssertEqual(pending.debugObserverNodeCount, 0, "a poll registered on the promise")
+        pending.fulfill(4)
+        XCTAssertEqual(try pending.wait(timeout: .zero), 4)
+        let cancelled = Promise<Int>()
+        cancelled.cancel()
+        XCTAssertThrowsError(try cancelled.wait(timeout: .zero)) { error in
+            if case .timedOut? = error as? PromiseError { XCTFail("a settled promise answers a poll with its outcome") }
+        }
     }
 
     /// Awaiting Tasks that were cancelled leave the promise they awaited.
