@@ -320,8 +320,13 @@ extension Promise {
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable () throws -> Promise<Value>
     ) -> Promise<Value> {
-        retry(attempts: attempts, backoff: .fixed(delay), on: context, shouldRetry: nil,
-              pause: { Promise<Void>.after($0) }, body)
+        // Named as the caller named it: this overload has no backoff to speak of.
+        guard delay >= .zero else {
+            return Promise.madeByLibrary(rejectedWith: PromiseError.invalidArgument(
+                "Promise.retry's delay between attempts (\(delay)) is negative"))
+        }
+        return retry(attempts: attempts, backoff: .fixed(delay), on: context, shouldRetry: nil,
+                     pause: { Promise<Void>.after($0) }, body)
     }
 
     /// Calls `body` until the promise it returns fulfils, at most `attempts` times in

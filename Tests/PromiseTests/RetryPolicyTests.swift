@@ -202,6 +202,17 @@ final class RetryPolicyTests: XCTestCase {
         XCTAssertEqual(calls.value, 0, "a rejected configuration must call nothing")
     }
 
+    /// `retry(attempts:delay:)` names its own parameter: its caller gave no backoff.
+    func testANegativeDelayRejectsWithASentenceNamingTheDelay() {
+        let calls = Counter()
+        let output = Promise<Int>.retry(attempts: 2, delay: .seconds(-5)) { calls.increment(); return Promise(value: 1) }
+        XCTAssertThrowsError(try output.wait(timeout: testTimeout)) { error in
+            XCTAssertEqual(String(describing: error),
+                           "invalid argument: Promise.retry's delay between attempts (-5.0 seconds) is negative")
+        }
+        XCTAssertEqual(calls.value, 0, "a rejected configuration must call nothing")
+    }
+
     func testCancellingDuringAPauseStopsItsTimerAndStartsNothing() {
         let clock = ManualClock()
         let calls = Counter()
