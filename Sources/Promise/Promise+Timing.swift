@@ -31,11 +31,11 @@ extension Duration {
 /// In the last two, and for a timer due at once, `work` (and what it captures: the promise
 /// to settle, `delay`'s value) sits in a box that the first of the deadline and `cancel`
 /// empties, elected with one CAS (`pc_once`), so a cancel lets go of it before the Task,
-/// the loop's task or the global queue's block ends.
+/// the loop's task or the lane's block ends.
 struct PromiseTimer: Sendable {
     private enum Handle {
         case dispatch(TimerHeap.Entry)
-        /// Due at once: sent straight to a global queue, with the box a cancel empties.
+        /// Due at once: sent straight to a timer lane, with the box a cancel empties.
         case sentAtOnce(TimerWork)
         case task(Task<Void, Never>, TimerWork)
         /// Scheduled by the caller (PromiseNIO: a task on an event loop); cancels it.
@@ -52,7 +52,7 @@ struct PromiseTimer: Sendable {
     /// runtime under `Task.sleep`, count in (about 292 years).
     static let horizon = Duration.seconds(3_155_760_000)
 
-    /// On Dispatch: `work` runs on a global queue `interval` from now.
+    /// On Dispatch: `work` runs on a timer lane (see `TimerHeap`) `interval` from now.
     init(after interval: Duration, _ work: @escaping @Sendable () -> Void) {
         guard interval <= PromiseTimer.horizon else {
             self = .never
@@ -70,10 +70,11 @@ struct PromiseTimer: Sendable {
         self.handle = handle
     }
 
-    /// Due already: `work` goes to a global queue at once, in a box a cancel empties.
+    /// Due already: `work` goes to a timer lane at once, in a box a cancel empties.
     private init(sendingAtOnce work: @escaping @Sendable () -> Void) {
         let box = TimerWork(work)
-        DispatchQueue.global().async { box.take()?() }
+        // Any lane will do: the box's address picks one without a counter to share.
+        TimerHeap.send({ box.take()?() }, turn: UInt64(UInt(bitPattern: ObjectIdentifier(box).hashValue) >> 4))
         self.init(handle: .sentAtOnce(box))
     }
 
@@ -291,11 +292,12 @@ extension Promise {
     /// `PromiseDiagnostics` as an unhandled rejection when it is freed, as any rejection.
     ///
     /// Threading: the timer's work (the child's rejection, and the `.immediate` handlers
-    /// it runs) goes to Dispatch's global concurrent queue once due, as `asyncAfter`'s
-    /// does: a process that blocks every thread of that pool (`wait()` inside many
-    /// handlers on `.default`, say) delays its timeouts until a thread is free. Keep
-    /// blocking waits off those threads, or time on an event loop (PromiseNIO's
-    /// `timeout(_:on:)`).
+    /// it runs) goes, once due, to one of a few serial queues of the library's own, not
+    /// to Dispatch's global pool: a timeout fires on time even while every thread of that
+    /// pool is blocked (`wait()` inside many handlers on `.default`, say), and a `wait()`
+    /// on the child from one of those threads returns. The child's handlers on other
+    /// contexts run when their context does. An `.immediate` handler on the child that
+    /// blocks delays the timers due after it on its queue: keep them short, as always.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         timeout(interval) { fire, _ in PromiseTimer(after: interval, fire) }
     }

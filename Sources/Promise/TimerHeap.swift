@@ -22,13 +22,23 @@ import Dispatch
 /// same lock. Two rules keep user code out of the critical section, where a call back
 /// into the heap would wait on itself:
 ///
-/// - the handler sends each due work to a global queue, as `asyncAfter` did, so a timer's
-///   work may set and cancel timers, and works due together still run side by side;
+/// - the handler sends each due work to one of the library's timer lanes (`send`), so a
+///   timer's work may set and cancel timers, and works due together run side by side;
 /// - a work is released after the lock (a cancel hands it back first): its release may
 ///   free a promise, whose last observers then run, and may cancel a timer.
 ///
-/// A deadline already past fires at once (on a global queue, as any other). Works due at
-/// the same moment are sent in the order their timers were set.
+/// A deadline already past fires at once (on a lane, as any other). Works due at the same
+/// moment are sent in the order their timers were set.
+///
+/// Why lanes of our own, not Dispatch's global queues (where `asyncAfter` runs its blocks):
+/// a process whose global pool is saturated (blocking I/O on global queues, `wait()` in
+/// many `.default` handlers) would run its timeouts only once a thread of that pool came
+/// free, seconds late or never, which is when a timeout matters most. A lane is a serial
+/// queue, and Dispatch gives a serial queue a thread even when the global pool is busy
+/// (serial queues overcommit). Several lanes, taken in turn, let works due together run
+/// side by side, as on a global queue, with at most `laneCount` threads; a work that
+/// blocks (an `.immediate` handler, which must not) delays only the works behind it on
+/// its lane. A lane holds no thread while it has nothing to run.
 final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properties under the lock, `source` aside
     /// The process's heap, made on first use. It lives as long as the process.
     static let shared = TimerHeap()
@@ -47,7 +57,7 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
             self.work = work
         }
 
-        /// Runs the work of an entry the handler took off the heap, on a global queue, and
+        /// Runs the work of an entry the handler took off the heap, on a lane, and
         /// lets go of it there. Only this touches `work` once the entry is off the heap
         /// (`index` -1: a cancel does nothing then).
         fileprivate func run() {
@@ -59,6 +69,16 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
         fileprivate func isEarlier(than other: Entry) -> Bool {
             (deadline, order) < (other.deadline, other.order)
         }
+    }
+
+    /// Where due works run: see the type's comment.
+    private static let laneCount = 4
+    private static let lanes = (0..<laneCount).map { DispatchQueue(label: "Promise.timers.lane\($0)") }
+
+    /// Runs `work` on a lane: the `turn`th, modulo their number (a timer's order, so that
+    /// works due together spread over the lanes).
+    static func send(_ work: @escaping @Sendable () -> Void, turn: UInt64) {
+        lanes[Int(turn % UInt64(laneCount))].async(execute: work)
     }
 
     private let source = DispatchSource.makeTimerSource(queue: TimerHeap.queue)
@@ -81,7 +101,7 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
         source.activate()
     }
 
-    /// `work` runs on a global queue at `deadline` (at once if it has passed), unless
+    /// `work` runs on a lane at `deadline` (at once if it has passed), unless
     /// `cancel` takes the returned entry off the heap first.
     func schedule(at deadline: DispatchTime, _ work: @escaping @Sendable () -> Void) -> Entry {
         let entry = Entry(deadline: deadline, work: work)
@@ -119,7 +139,7 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     private(set) var shrinks = 0
 
     /// The source's handler: takes the due entries off the heap, a batch per hold of the
-    /// lock, and sends each to a global queue, which runs its work and lets go of it there
+    /// lock, and sends each to a lane, which runs its work and lets go of it there
     /// (dropping the last reference here would run a deinit on this queue); the last batch
     /// arms the source for the next deadline. The source may fire for a timer cancelled
     /// meanwhile: what is not due yet stays.
@@ -137,7 +157,7 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
                 lastBatch = true
                 if let first = entries.first { arm(at: first.deadline) } else { armedFor = .distantFuture }
             }
-            for entry in batch { DispatchQueue.global().async { entry.run() } }
+            for entry in batch { TimerHeap.send({ entry.run() }, turn: entry.order) }
         }
     }
 

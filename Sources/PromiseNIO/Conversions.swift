@@ -128,7 +128,7 @@ extension Promise {
     /// the task without failing its promise, and its debug builds trap on that leaked
     /// promise. What this saves on a server: the library's own `timeout(_:)` sets its
     /// timer on the library's Dispatch timer heap, guarded by one queue that every loop
-    /// shares, and fires it on a global queue; here the timer stays on the loop (a request
+    /// shares, and fires it on one of the library's timer queues; here the timer stays on the loop (a request
     /// answered in a millisecond leaves nothing behind either way). The timeout's rejection
     /// runs on the loop, so `.immediate` handlers of the child run there when it times out.
     public func timeout(_ interval: Duration, on eventLoop: any EventLoop) -> Promise<Value> {

@@ -171,6 +171,39 @@ final class TimerHeapTests: XCTestCase {
         for entry in burst.prefix(100) { heap.cancel(entry) }
     }
 
+    /// Timers fire on time while Dispatch's global pool is saturated: blocking work queued
+    /// there (`wait()` in many `.default` handlers, blocking I/O on global queues) is when
+    /// a timeout matters most. Due works run on the library's own serial queues, which
+    /// Dispatch gives a thread whatever the global pool is doing. Before, each due work
+    /// went to a global queue, behind the blocked work: none of these fired in 5 s.
+    func testTimersFireWhileTheGlobalPoolIsBlocked() {
+        let blockers = 64  // more than Dispatch's global pool runs at once on a small machine
+        let release = DispatchSemaphore(value: 0)
+        let started = Countdown(1)
+        let finished = Countdown(blockers)
+        for _ in 0..<blockers {
+            DispatchQueue.global().async {
+                started.countDown()
+                release.wait()
+                finished.countDown()
+            }
+        }
+        defer {
+            for _ in 0..<blockers { release.signal() }
+            XCTAssertTrue(finished.wait(), "the blocking work never finished")
+        }
+        XCTAssertTrue(started.wait(), "Dispatch ran none of the global work")
+
+        let fired = Countdown(4)
+        let receiver = Promise<Int>()
+        receiver.timeout(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
+        receiver.timeout(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
+        Promise.after(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
+        Promise.after(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
+        XCTAssertTrue(fired.wait(timeout: 5), "timers waited for the global pool")
+        XCTAssertTrue(receiver.isPending)
+    }
+
     /// A timer due at once does not go through the heap (the hop to its queue would only
     /// delay it), and still fires.
     func testATimerDueAtOnceSkipsTheHeap() {
