@@ -7,7 +7,9 @@ import CPromiseCore
 struct AggregatorSlot {
     var node = pc_node()                    // first: a node's address is its slot's
     var owner: UnsafeMutableRawPointer?     // the Aggregator; each registration retains it
-    var index = 0
+    /// The input that fired the slot, retained, until the slot's deferred run takes it
+    /// (`aggregatorSlotFire`).
+    var firedBy: UInt = 0
     var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
     /// The input, unowned (see `UnownedLink`), so that cancelling the aggregate can cancel
     /// it while it is pending without the aggregate keeping it. Valid while this slot is
@@ -103,7 +105,6 @@ final class Aggregator: @unchecked Sendable {
         for (index, input) in inputs.enumerated() {
             let slot = slots + index
             slot.pointee.owner = owner
-            slot.pointee.index = index
             // `node` is the slot's first field: the fire callback maps it back to the slot.
             let node = UnsafeMutableRawPointer(slot).assumingMemoryBound(to: pc_node.self)
             node.pointee.fire = aggregatorSlotFire
@@ -186,7 +187,7 @@ final class Aggregator: @unchecked Sendable {
         var outputSettled = false
         if gateEnter(gate) {
             slot.pointee.settled = Unmanaged.passRetained(source)
-            inputSettled(self, slot.pointee.index, source)
+            inputSettled(self, slots.distance(to: slot), source)
             outputSettled = keptOutput.unsafelyUnwrapped._withUnsafeGuaranteedRef { output in
                 // After the gate's read-modify-write (and the input's publish before it).
                 if output.isPending && wordAfterReadModifyWrite(cycleWatch) != 0 { rejectOutputIfItWaitsOnItself(output) }
@@ -325,14 +326,22 @@ func releaseRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: 
     owner.release()  // the registration's retain: may free the slot
 }
 
-/// The fire callback of an aggregator slot: runs the policy on the settling thread.
-/// (Settling the output from here is stack-safe: the core's trampoline defers its
-/// immediate observers.)
+/// The fire callback of an aggregator slot: runs the policy on the settling thread, right
+/// after the current firing (deferred to the core's trampoline, as an `.immediate` child's
+/// handler is). Run from inside the firing, the policy would settle the output there, and
+/// the output's publish would fire the slots of a combinator over it one frame deeper:
+/// combinators nested 10,000 deep (`race([race([...])])`) overflowed the stack.
 func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    if let source {
+        // Held for the deferred run: the settler may let the input go before it comes.
+        slot.pointee.firedBy = UInt(bitPattern: AnyPromise.owner(ofCore: source).retain().toOpaque())
+        deferNode(node)  // the registration's retain of the aggregator goes with it
+        return
+    }
     let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
-    guard let source else { preconditionFailure("aggregator slots are never deferred") }
-    let input = AnyPromise.owner(ofCore: source).takeUnretainedValue()
+    let input = Unmanaged<AnyPromise>.fromOpaque(UnsafeRawPointer(bitPattern: slot.pointee.firedBy).unsafelyUnwrapped).takeRetainedValue()
+    slot.pointee.firedBy = 0
     // A combinator counts as reading its inputs' errors, whether its policy reads this one
     // (`all`'s first) or not (`any` counting a rejection down, a slot of a retired
     // aggregate): none is reported as an unhandled rejection.

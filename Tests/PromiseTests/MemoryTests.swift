@@ -708,6 +708,58 @@ final class MemoryTests: XCTestCase {
         }
     }
 
+    /// Combinators nested directly (each one's output the input of the next): an input's
+    /// slot settles its output from the trampoline, not from inside the input's firing,
+    /// so the outcome climbs 100,000 levels in constant stack depth. Before, each level
+    /// fired the next one's slot a frame deeper: 20,000 levels of `race` overflowed.
+    /// (`race` and `any` keep their type as they nest; the others wrap it.)
+    func testDirectlyNestedCombinatorsOf100000LevelsSettle() {
+        runInChildProcess {
+            let leaf = Promise<Int>()
+            var race = leaf, any = leaf
+            for _ in 0..<100_000 {
+                race = Promise.race([race])
+                any = Promise.any([any])
+            }
+            leaf.fulfill(5)
+            XCTAssertEqual(race.state, .fulfilled, "the nesting did not settle before fulfill returned")
+            XCTAssertEqual(value(race), 5)
+            XCTAssertEqual(value(any), 5)
+        }
+    }
+
+    /// The same nesting dropped whole, pending: each level dies or breaks in turn, in
+    /// constant stack depth (before, 10,000 levels overflowed).
+    func testDroppingDirectlyNestedCombinatorsPendingDoesNotCrash() {
+        runInChildProcess {
+            weak var weakTop: Promise<Int>?
+            do {
+                let leaf = Promise<Int>()
+                var top = leaf
+                for _ in 0..<100_000 { top = Promise.race([top]) }
+                weakTop = top
+                withExtendedLifetime(leaf) {}  // the leaf goes last: its break climbs the nesting
+            }
+            XCTAssertNil(weakTop, "the nesting outlived its last holder")
+        }
+    }
+
+    /// The same nesting, its leaf dropped pending: the broken promise climbs every level.
+    func testDirectlyNestedCombinatorsOverADroppedLeafBreakEveryLevel() throws {
+        try runInChildProcess {
+            let top: Promise<Int> = {  // the leaf's one holder goes as this returns
+                let leaf = Promise<Int>()
+                var top = leaf
+                for _ in 0..<100_000 { top = Promise.race([top]) }
+                withExtendedLifetime(leaf) {}
+                return top
+            }()
+            XCTAssertThrowsError(try top.wait(timeout: .seconds(30))) {
+                guard case PromiseError.brokenPromise = $0 else { return XCTFail("\($0)") }
+            }
+        }
+    }
+
     func testCancellingRootOf100000StepPendingChainCancelsItAll() {
         runInChildProcess {
             let root = Promise<Int>()
