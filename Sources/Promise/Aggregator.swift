@@ -250,12 +250,17 @@ final class Aggregator: @unchecked Sendable {
                 }
                 let tag = input.publishedTag
                 if tag == UInt(PC_PENDING) {
+                    // Read once, before the walk: the input's own lock-in check may reject it
+                    // meanwhile, and read after, its claim would no longer say it follows
+                    // (the output would then be rejected in its place, with a bare `cycle`
+                    // where an `any` collects the follower's).
+                    let follows = input.claimHint == UInt(PC_CLAIM_FOLLOWING)
                     guard walk.reaches(from: input, depth: 1) else {
                         storeWord(cycleWatch, Aggregator.watchWord(escapeHint: index))
                         return
                     }
                     sawPending = true
-                    if follower == nil && input.claimHint == UInt(PC_CLAIM_FOLLOWING) { follower = input }
+                    if follower == nil && follows { follower = input }
                 } else if settledEarlyBy.settles(withTag: tag) {
                     return  // settling the output, if not done yet
                 }

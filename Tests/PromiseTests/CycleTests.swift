@@ -359,6 +359,34 @@ final class CycleTests: XCTestCase {
         }
     }
 
+    /// `any([p, q])` that `p` follows, while `q` rejects on another thread: whichever
+    /// thread finds the cycle, `p` is the promise it rejects with `PromiseError.cycle`
+    /// (`p`'s lock-in, or `q`'s recheck, which picks `p` as the follower), and the `any`
+    /// collects that error with `q`'s, as in any order on one thread. Before, `q`'s
+    /// recheck read `p`'s claim a second time, after `p`'s own check had rejected it:
+    /// finding no follower, it rejected the `any` itself with a bare `cycle` (about 1 round
+    /// in 5,000).
+    func testAnAnyOnACycleCollectsTheCycleErrorWhicheverThreadFindsIt() {
+        for round in 0..<20_000 {
+            let p = Promise<Int>(), q = Promise<Int>()
+            let any = Promise.any([p, q])
+            let go = DispatchSemaphore(value: 0)
+            let settler = Thread { go.wait(); q.reject(TestError(round)) }
+            settler.start()
+            go.signal()
+            p.resolve(with: any)
+            let failure = error(any)
+            guard case PromiseError.allRejected(let errors)? = failure else {
+                return XCTFail("round \(round): the any ended \(String(describing: failure))")
+            }
+            guard errors.count == 2, case PromiseError.cycle? = errors[0] as? PromiseError,
+                  (errors[1] as? TestError)?.id == round else {
+                return XCTFail("round \(round): the any collected \(errors)")
+            }
+            assertCycle(p)
+        }
+    }
+
     /// Inputs that share a long pending chain: the walk takes the chain once, and finds
     /// the cycle at its end.
     func testInputsSharingAPendingChainAreWalkedOnce() {
