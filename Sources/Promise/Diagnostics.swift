@@ -69,6 +69,9 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         /// ```swift
         /// do { let dropped = Promise<Int>(); kept = dropped.then { $0 } }   // reported
         /// ```
+        ///
+        /// (`kept` now holds that error; freed unread, it is reported as well, as an
+        /// `unhandledRejection`.)
         case brokenPromise
         /// A rejected promise was freed before any observer saw its error (no `catch`,
         /// `recover`, `whenComplete`, `await`, `wait`, child or combinator read it): the
@@ -84,6 +87,9 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         /// ```swift
         /// a.resolve(with: b); b.resolve(with: a)   // reported once
         /// ```
+        ///
+        /// (Like any rejection, a promise of the cycle freed with its `cycle` error
+        /// unread is reported as an `unhandledRejection` as well.)
         case cycle
     }
 

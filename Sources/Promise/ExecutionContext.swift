@@ -84,8 +84,9 @@ public struct ImmediateExecutionContext: ExecutionContext {
 
     /// Runs `work` at once. The library runs immediate handlers not through this but
     /// through the core's per-thread trampoline, which is what makes long `.immediate`
-    /// chains stack-safe; only runs (`retry`, `sequence`, `all(_:maxConcurrent:)`) call it,
-    /// to start an attempt or a work on the context they were given. Their next step starts
+    /// chains stack-safe; only runs (`retry`, `sequence`, `all(_:maxConcurrent:)`) and
+    /// `Promise(on:_:)` call it, to start an attempt or a work on the context they were
+    /// given. A run's next step starts
     /// from the handler of the step before, which the trampoline runs once this call has
     /// returned, so a run of steps that settle at once does not grow the stack. Calling it
     /// directly gives neither that nor the no-Zalgo guarantee of the other contexts.

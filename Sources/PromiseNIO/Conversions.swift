@@ -18,7 +18,7 @@ extension Promise {
     /// func channelRead(context: ChannelHandlerContext, data: NIOAny) {
     ///     lookup(key).futureResult(on: context.eventLoop)
     ///         .assumeIsolated()
-    ///         .whenSuccess { context.writeAndFlush(..., promise: nil) }
+    ///         .whenSuccess { value in context.writeAndFlush(wrapOutboundOut(value), promise: nil) }
     /// }
     /// ```
     ///
