@@ -131,6 +131,52 @@ final class CycleStressTests: XCTestCase {
         }
     }
 
+    /// `any([p, q])` that `p` follows while another thread rejects `q`: whichever thread
+    /// finds the cycle (`p`'s lock-in, or `q`'s recheck through the cycle watch), it
+    /// rejects `p`, and the `any` collects `p`'s cycle error with `q`'s, never a bare
+    /// `cycle` of its own.
+    func testAnAnyThatItsInputFollowsCollectsTheCycleWhoeverFindsIt() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var rounds = 0
+
+        runStressRounds("an any that its input follows, its other input rejected at once", invariants: [
+            "the follower ends rejected with PromiseError.cycle",
+            "the any ends rejected with allRejected([cycle, the other input's error])",
+            "every promise of the round is freed",
+        ], details: { "rounds: \(rounds)" }) { checker in
+            let round = checker.round
+            rounds += 1
+            let p = Promise<Int>(), q = Promise<Int>()
+            weak let weakP = p
+            weak let weakQ = q
+            let any = Promise.any([p, q])
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                for _ in 0..<random.below(64) { _ = random.next() }
+                if seat == 0 { p.resolve(with: any) } else { q.reject(StressError(id: round)) }
+            }
+            checker.check(finished, "round hung")
+            let outcomeP = Result { try p.wait(timeout: .seconds(20)) }
+            var followerCycled = false
+            if case .failure(PromiseError.cycle) = outcomeP { followerCycled = true }
+            checker.check(followerCycled, "the follower ended \(outcomeP)")
+            let outcome = Result { try any.wait(timeout: .seconds(20)) }
+            var collected = false
+            if case .failure(PromiseError.allRejected(let errors)) = outcome, errors.count == 2,
+               case PromiseError.cycle? = errors[0] as? PromiseError, errors[1] as? StressError == StressError(id: round) {
+                collected = true
+            }
+            checker.check(collected, "the any ended \(outcome)")
+            _ = consume p
+            _ = consume q
+            _ = consume any
+            checker.check(weakP == nil && weakQ == nil, "the promises of the round were not freed")
+            return true
+        }
+    }
+
     /// A run's step that waits on the promise following the run, while that promise locks
     /// in on another thread: the step is made on the default queue (a child of the
     /// promise, for `retry` and for `all(_:maxConcurrent:)`), or locks in itself once a
