@@ -694,6 +694,14 @@ void pc_context_call_end(void) {
     pc_context_call_depth -= 1;
 }
 
+/* ---- combinator slots' nesting ----------------------------------------------------- */
+
+#if defined(__GNUC__) || defined(__clang__)
+__thread unsigned pc_slot_run_depth;
+#else
+_Thread_local unsigned pc_slot_run_depth;
+#endif
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */

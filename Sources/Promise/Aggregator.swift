@@ -7,8 +7,8 @@ import CPromiseCore
 struct AggregatorSlot {
     var node = pc_node()                    // first: a node's address is its slot's
     var owner: UnsafeMutableRawPointer?     // the Aggregator; each registration retains it
-    /// The input that fired the slot, retained, until the slot's deferred run takes it
-    /// (`aggregatorSlotFire`).
+    /// The input that fired the slot, retained, until the slot's deferred run takes it: only
+    /// for a slot nested too deep to run at once (`aggregatorSlotFire`).
     var firedBy: UInt = 0
     var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
     /// The input, unowned (see `UnownedLink`), so that cancelling the aggregate can cancel
@@ -250,17 +250,17 @@ final class Aggregator: @unchecked Sendable {
                 }
                 let tag = input.publishedTag
                 if tag == UInt(PC_PENDING) {
-                    // Read once, before the walk: the input's own lock-in check may reject it
-                    // meanwhile, and read after, its claim would no longer say it follows
-                    // (the output would then be rejected in its place, with a bare `cycle`
-                    // where an `any` collects the follower's).
-                    let follows = input.claimHint == UInt(PC_CLAIM_FOLLOWING)
-                    guard walk.reaches(from: input, depth: 1) else {
+                    // One read of the input's claim, for the walk's first step and for the
+                    // follower: read again, the input's own lock-in check might have rejected
+                    // it meanwhile, and the output would be rejected in its place, with a
+                    // bare `cycle` where an `any` collects the follower's.
+                    let claim = input.claimHint
+                    guard walk.reaches(from: input, claim: claim, depth: 1) else {
                         storeWord(cycleWatch, Aggregator.watchWord(escapeHint: index))
                         return
                     }
                     sawPending = true
-                    if follower == nil && follows { follower = input }
+                    if follower == nil && claim == UInt(PC_CLAIM_FOLLOWING) { follower = input }
                 } else if settledEarlyBy.settles(withTag: tag) {
                     return  // settling the output, if not done yet
                 }
@@ -331,27 +331,36 @@ func releaseRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: 
     owner.release()  // the registration's retain: may free the slot
 }
 
-/// The fire callback of an aggregator slot: runs the policy on the settling thread, right
-/// after the current firing (deferred to the core's trampoline, as an `.immediate` child's
-/// handler is). Run from inside the firing, the policy would settle the output there, and
-/// the output's publish would fire the slots of a combinator over it one frame deeper:
-/// combinators nested 10,000 deep (`race([race([...])])`) overflowed the stack.
+/// The fire callback of an aggregator slot: runs the policy on the settling thread, inside
+/// the input's firing, so that the output has settled before the input's settling call
+/// returns (the first input to settle decides, on any thread). A slot that would run
+/// inside `PC_SLOT_NESTING` others on this thread (combinators nested directly, each output
+/// the next one's input: `race([race([...])])`) defers itself to the core's trampoline
+/// instead, holding the input for it, and runs after the current firing: nestings of any
+/// depth settle in bounded stack (100,000 levels overflowed before).
 func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
+    let input: AnyPromise
     if let source {
-        // Held for the deferred run: the settler may let the input go before it comes.
-        slot.pointee.firedBy = UInt(bitPattern: AnyPromise.owner(ofCore: source).retain().toOpaque())
-        deferNode(node)  // the registration's retain of the aggregator goes with it
-        return
+        guard !SlotRuns.tooDeep else {
+            // Held for the deferred run: the settler may let the input go before it comes.
+            slot.pointee.firedBy = UInt(bitPattern: AnyPromise.owner(ofCore: source).retain().toOpaque())
+            deferNode(node)  // the registration's retain of the aggregator goes with it
+            return
+        }
+        input = AnyPromise.owner(ofCore: source).takeUnretainedValue()
+    } else {
+        input = Unmanaged<AnyPromise>.fromOpaque(UnsafeRawPointer(bitPattern: slot.pointee.firedBy).unsafelyUnwrapped).takeRetainedValue()
+        slot.pointee.firedBy = 0
     }
     let owner = Unmanaged<Aggregator>.fromOpaque(slot.pointee.owner.unsafelyUnwrapped)
-    let input = Unmanaged<AnyPromise>.fromOpaque(UnsafeRawPointer(bitPattern: slot.pointee.firedBy).unsafelyUnwrapped).takeRetainedValue()
-    slot.pointee.firedBy = 0
     // A combinator counts as reading its inputs' errors, whether its policy reads this one
     // (`all`'s first) or not (`any` counting a rejection down, a slot of a retired
     // aggregate): none is reported as an unhandled rejection.
     if input.publishedTag == UInt(PC_REJECTED) { input.noteErrorSeen() }
+    SlotRuns.begin()
     owner.takeUnretainedValue().slotFired(slot, source: input)
+    SlotRuns.end()
     owner.release()  // the registration's retain
 }
 

@@ -730,6 +730,14 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
     pc_defer(node)
 }
 
+/// Combinator slots' runs on this thread, counted (`pc_slot_run_begin`, pc_overlay.h): a
+/// slot inside `PC_SLOT_NESTING` others defers itself instead of running.
+enum SlotRuns {
+    @inline(__always) static var tooDeep: Bool { pc_slot_runs_too_deep() }
+    @inline(__always) static func begin() { pc_slot_run_begin() }
+    @inline(__always) static func end() { pc_slot_run_end() }
+}
+
 
 /// Calls into an execution context the user gave (`pc_context_call_begin`, pc_overlay.h).
 /// A context must run work later, never inside `execute`; one that runs it there anyway

@@ -313,10 +313,18 @@ struct WaitWalk {
     /// what was met (a chain met before may reach the target, which "met" does not say),
     /// and spend the same budget.
     mutating func reaches(from source: AnyPromise, depth: Int = 0) -> Bool {
+        reaches(from: source, claim: source.claimHint, depth: depth)
+    }
+
+    /// `reaches(from:depth:)`, taking the source's claim as the caller read it (the
+    /// recheck picks its follower by that same read: `rejectOutputIfItWaitsOnItself`).
+    mutating func reaches(from source: AnyPromise, claim sourceClaim: UInt, depth: Int) -> Bool {
         var branches: [AnyPromise] = []  // inputs of combinators met, still to walk
         var start: AnyPromise? = source
+        var claimRead: UInt? = sourceClaim  // for the first step only
         while let current = start {
-            switch follow(from: current, remembering: depth == 0) {
+            defer { claimRead = nil }
+            switch follow(from: current, claim: claimRead, remembering: depth == 0) {
             case .target: return true
             case .elsewhere: break
             case .combinator(let aggregator):
@@ -330,11 +338,15 @@ struct WaitWalk {
     /// Follows the single links from `start` (a followee, a pending parent) to where they
     /// end. Once the walk branched, each promise tried costs one of the budget, and, with
     /// `remembering`, one met before ends the chain (it was walked from there already).
-    private mutating func follow(from start: AnyPromise, remembering: Bool) -> End {
+    /// `claim`: `start`'s claim if the caller read it already (read here otherwise).
+    private mutating func follow(from start: AnyPromise, claim startClaim: UInt? = nil, remembering: Bool) -> End {
         var current = start
+        var claimRead = startClaim
         while true {
             let next: UnsafeMutableRawPointer?
-            if current.claimHint == UInt(PC_CLAIM_FOLLOWING) {
+            let claim = claimRead ?? current.claimHint
+            claimRead = nil
+            if claim == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
                 next = current.followeeAddress

@@ -13,6 +13,13 @@ private final class Log<T: Sendable>: @unchecked Sendable {
     var all: [T] { lock.lock(); defer { lock.unlock() }; return items }
 }
 
+/// Runs `body` on a new thread and waits for it (Dispatch's `sync` would run it here).
+private func onAnotherThread(_ body: @escaping @Sendable () -> Void) {
+    let done = DispatchSemaphore(value: 0)
+    Thread { body(); done.signal() }.start()
+    done.wait()
+}
+
 private func elapsed(since start: DispatchTime) -> Duration {
     .nanoseconds(Int64(DispatchTime.now().uptimeNanoseconds - start.uptimeNanoseconds))
 }
@@ -493,5 +500,82 @@ final class CombinatorTests: XCTestCase {
             mismatches += inputs.filter { error($0) as? TestError != reason }.count
         }
         XCTAssertEqual(mismatches, 0, "inputs took the losing canceller's reason")
+    }
+
+    // MARK: An input settled inside a handler
+
+    // A combinator's slot runs inside its input's settling call, also when that call is
+    // made from an `.immediate` handler (inside another firing): the output has settled
+    // before the call returns. (A version that ran every slot from the trampoline settled
+    // the output only once the outermost handler returned: the checks below failed.)
+
+    func testAnInputSettledInsideAHandlerDecidesBeforeLaterOnesOnOtherThreads() throws {
+        let a = Promise<Int>(), b = Promise<Int>(), c = Promise<Int>(), d = Promise<Int>()
+        let race = Promise.race([a, b])
+        let all = Promise.all([c, d])
+        let trigger = Promise<Void>()
+        trigger.whenComplete(on: .immediate) { _ in
+            a.fulfill(1)
+            c.reject(Failure(code: 1))
+            onAnotherThread {
+                b.fulfill(2)
+                d.reject(Failure(code: 2))
+            }
+        }
+        trigger.fulfill(())
+        XCTAssertEqual(try race.wait(timeout: .seconds(10)), 1)
+        XCTAssertThrowsError(try all.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Failure, Failure(code: 1)) }
+    }
+
+    func testAnOutputIsSettledAsItsInputsSettlingCallReturnsInsideAHandler() {
+        let a = Promise<Int>(), b = Promise<Int>()
+        let race = Promise.race([a, b])
+        let seen = Log<String>()
+        let trigger = Promise<Void>()
+        trigger.whenComplete(on: .immediate) { _ in
+            a.fulfill(1)
+            seen.append("race \(race.state)")
+            race.cancel()  // too late: a decided it
+            let made = Promise.all([Promise(value: 1), Promise(value: 2)])
+            seen.append("all \(made.state)")
+        }
+        trigger.fulfill(())
+        XCTAssertEqual(seen.all, ["race fulfilled", "all fulfilled"])
+        XCTAssertEqual(try race.wait(timeout: .seconds(10)), 1)
+        XCTAssertTrue(b.isPending, "a cancel of the settled race reached its losing input")
+    }
+
+    /// On one serial queue, a combinator's observer registered before an observer of its
+    /// input runs first: the output settled inside the input's firing, before the input's
+    /// later observers were sent.
+    func testAnOutputsObserverRunsBeforeLaterObserversOfItsInput() {
+        let a = Promise<Int>()
+        let race = Promise.race([a])
+        let queue = DispatchQueue(label: "order")
+        let log = Log<String>()
+        race.whenComplete(on: queue) { _ in log.append("race") }
+        a.whenComplete(on: queue) { _ in log.append("input") }
+        a.fulfill(1)
+        queue.sync {}
+        XCTAssertEqual(log.all, ["race", "input"])
+    }
+
+    /// An input of a race that another input decided, dropped pending from a handler of
+    /// the deciding input: the race has let go of it, so nobody waits on it, and it is no
+    /// broken promise.
+    func testAnInputDroppedAfterItsRaceWasDecidedIsNoBrokenPromise() throws {
+        let reports = Log<String>()
+        PromiseDiagnostics.setHandler { event in
+            if case .brokenPromise = event.kind { reports.append(event.promiseType) }
+        }
+        defer { PromiseDiagnostics.setHandler(nil) }
+        final class Holder: @unchecked Sendable { var b: Promise<Int>? = Promise<Int>() }
+        let holder = Holder()
+        let a = Promise<Int>()
+        a.whenComplete(on: .immediate) { _ in holder.b = nil }
+        let race = Promise.race([a, holder.b!])
+        a.fulfill(1)
+        XCTAssertEqual(try race.wait(timeout: .seconds(10)), 1)
+        XCTAssertEqual(reports.all, [])
     }
 }

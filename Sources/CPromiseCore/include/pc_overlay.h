@@ -12,6 +12,7 @@
  *   pc_fence        any thread                       wait-free (one fence)
  *   pc_context_*    any thread (thread-local)        wait-free, except that the outermost
  *                                                    pc_context_call_end makes the calls queued
+ *   pc_slot_*       any thread (thread-local)        wait-free
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
@@ -194,6 +195,38 @@ static inline bool pc_context_calls_too_deep(void) {
 /* Queues run(item) for the outermost pc_context_call_end on this thread (only while
  * pc_context_calls_too_deep). Aborts if out of memory. */
 void pc_context_run_later(void *_Nonnull item, pc_run_fn _Nonnull run);
+
+/*
+ * Combinator slots (the overlay's aggregators). A slot runs its combinator's policy inside
+ * the firing of the input that settled, so that the output has settled before that
+ * input's settling call returns (the first input to settle decides a race, on any
+ * thread). Combinators nested directly, each output the input of the next, would then
+ * settle one inside the other, a few frames deeper per level. So the overlay brackets each
+ * run with pc_slot_run_begin and pc_slot_run_end, and first asks pc_slot_runs_too_deep:
+ * true when this thread is inside PC_SLOT_NESTING runs already. Then the slot defers
+ * itself (pc_defer) and runs after the current firing, one deep again: nestings of any
+ * depth settle in bounded stack, those past PC_SLOT_NESTING levels a trampoline step
+ * later. Thread-local: no atomics.
+ */
+#define PC_SLOT_NESTING 32u
+
+#if defined(__GNUC__) || defined(__clang__)
+extern __thread unsigned pc_slot_run_depth;
+#else
+extern _Thread_local unsigned pc_slot_run_depth;
+#endif
+
+static inline bool pc_slot_runs_too_deep(void) {
+    return pc_slot_run_depth >= PC_SLOT_NESTING;
+}
+
+static inline void pc_slot_run_begin(void) {
+    pc_slot_run_depth += 1;
+}
+
+static inline void pc_slot_run_end(void) {
+    pc_slot_run_depth -= 1;
+}
 
 /*
  * The word of the application's diagnostics handler (the overlay's PromiseDiagnostics): a
