@@ -73,8 +73,7 @@ struct PromiseTimer: Sendable {
     /// Due already: `work` goes to a timer lane at once, in a box a cancel empties.
     private init(sendingAtOnce work: @escaping @Sendable () -> Void) {
         let box = TimerWork(work)
-        // Any lane will do: the box's address picks one without a counter to share.
-        TimerHeap.send({ box.take()?() }, turn: UInt64(UInt(bitPattern: ObjectIdentifier(box).hashValue) >> 4))
+        TimerHeap.shared.send { box.take()?() }
         self.init(handle: .sentAtOnce(box))
     }
 
@@ -296,8 +295,9 @@ extension Promise {
     /// to Dispatch's global pool: a timeout fires on time even while every thread of that
     /// pool is blocked (`wait()` inside many handlers on `.default`, say), and a `wait()`
     /// on the child from one of those threads returns. The child's handlers on other
-    /// contexts run when their context does. An `.immediate` handler on the child that
-    /// blocks delays the timers due after it on its queue: keep them short, as always.
+    /// contexts run when their context does. `.immediate` handlers on the child run on
+    /// that queue: one that blocks holds it, and other timers go to the next ones, a few
+    /// in all. Keep them short, as always.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         timeout(interval) { fire, _ in PromiseTimer(after: interval, fire) }
     }

@@ -35,10 +35,11 @@ import Dispatch
 /// many `.default` handlers) would run its timeouts only once a thread of that pool came
 /// free, seconds late or never, which is when a timeout matters most. A lane is a serial
 /// queue, and Dispatch gives a serial queue a thread even when the global pool is busy
-/// (serial queues overcommit). Several lanes, taken in turn, let works due together run
-/// side by side, as on a global queue, with at most `laneCount` threads; a work that
-/// blocks (an `.immediate` handler, which must not) delays only the works behind it on
-/// its lane. A lane holds no thread while it has nothing to run.
+/// (serial queues overcommit). A work goes to the lane with the fewest works sent to it
+/// and not yet finished, so works due together run side by side, as on a global queue,
+/// with at most `laneCount` threads, and a work that blocks (an `.immediate` handler,
+/// which must not) keeps the next ones off its lane: they wait only once every lane is
+/// busy. A lane holds no thread while it has nothing to run.
 final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properties under the lock, `source` aside
     /// The process's heap, made on first use. It lives as long as the process.
     static let shared = TimerHeap()
@@ -74,11 +75,22 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     /// Where due works run: see the type's comment.
     private static let laneCount = 4
     private static let lanes = (0..<laneCount).map { DispatchQueue(label: "Promise.timers.lane\($0)") }
+    /// Per lane, the works sent to it and not finished yet (under the lock).
+    private var laneLoads = [Int](repeating: 0, count: TimerHeap.laneCount)
 
-    /// Runs `work` on a lane: the `turn`th, modulo their number (a timer's order, so that
-    /// works due together spread over the lanes).
-    static func send(_ work: @escaping @Sendable () -> Void, turn: UInt64) {
-        lanes[Int(turn % UInt64(laneCount))].async(execute: work)
+    /// Runs `work` on the lane with the fewest works sent and not finished (the first such
+    /// on a tie), and counts it there until it returns.
+    func send(_ work: @escaping @Sendable () -> Void) {
+        let lane = withLock {
+            var lane = 0
+            for index in 1..<TimerHeap.laneCount where laneLoads[index] < laneLoads[lane] { lane = index }
+            laneLoads[lane] += 1
+            return lane
+        }
+        TimerHeap.lanes[lane].async {
+            work()
+            self.withLock { self.laneLoads[lane] -= 1 }
+        }
     }
 
     private let source = DispatchSource.makeTimerSource(queue: TimerHeap.queue)
@@ -157,7 +169,7 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
                 lastBatch = true
                 if let first = entries.first { arm(at: first.deadline) } else { armedFor = .distantFuture }
             }
-            for entry in batch { TimerHeap.send({ entry.run() }, turn: entry.order) }
+            for entry in batch { send { entry.run() } }
         }
     }
 

@@ -122,7 +122,7 @@ final class MemoryChurnStressTests: XCTestCase {
                         let source = Promise<LiveToken>()
                         let follower = Promise<LiveToken>()
                         follower.resolve(with: source)
-                        _ = try? follower.wait(timeout: .zero)
+                        _ = try? follower.wait(timeout: .microseconds(20))  // not zero: that polls
                         source.fulfill(LiveToken(id))
                         created += 2
                         if j % 18 == 7 { sample(follower) }

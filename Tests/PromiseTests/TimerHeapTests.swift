@@ -204,6 +204,26 @@ final class TimerHeapTests: XCTestCase {
         XCTAssertTrue(receiver.isPending)
     }
 
+    /// A timer's `.immediate` handler that blocks holds its lane, and the timers set after
+    /// it go to the others: each of eight timers, set one after the other, fires on time
+    /// while the first handler still blocks. (With the lanes taken in turn, every fourth
+    /// timer waited behind the blocked one.)
+    func testATimerHandlerThatBlocksHoldsOnlyItsOwnLane() {
+        let release = DispatchSemaphore(value: 0)
+        let blocking = Countdown(1)
+        Promise.after(.milliseconds(1)).whenComplete(on: .immediate) { _ in
+            blocking.countDown()
+            release.wait()
+        }
+        defer { release.signal() }
+        XCTAssertTrue(blocking.wait(), "the blocking handler never ran")
+        for index in 0..<8 {
+            let fired = Countdown(1)
+            Promise.after(.milliseconds(5)).whenComplete(on: .immediate) { _ in fired.countDown() }
+            XCTAssertTrue(fired.wait(timeout: 5), "timer \(index) waited behind the blocked handler")
+        }
+    }
+
     /// A timer due at once does not go through the heap (the hop to its queue would only
     /// delay it), and still fires.
     func testATimerDueAtOnceSkipsTheHeap() {
