@@ -243,8 +243,11 @@ final class Aggregator: @unchecked Sendable {
             var sawPending = false
             for step in 0..<count {
                 let index = (start + step) % count
-                // Gone (it died pending: its slot fired broken) or let go: not waiting.
+                // Gone: it died pending (the gate keeps a retirement from clearing links
+                // meanwhile), and its slot counts it, or has, as rejected with
+                // `brokenPromise`. A way out only where a rejection settles the output.
                 guard let input = UnownedLink.load(inputWord(slots + index)) else {
+                    guard settledEarlyBy.settles(withTag: UInt(PC_REJECTED)) else { continue }
                     storeWord(cycleWatch, Aggregator.watchWord(escapeHint: index))
                     return
                 }

@@ -293,9 +293,9 @@ struct WaitWalk {
     private enum End {
         case target
         case elsewhere
-        /// At an output the library settles from what it waits on: a combinator's
+        /// At `output`, which the library settles from what it waits on: a combinator's
         /// aggregator, or a run's steps.
-        case combinator(any WaitedOnByOutput)
+        case combinator(any WaitedOnByOutput, output: AnyPromise)
     }
 
     /// Runs `body` (an aggregator's recheck, `Aggregator.rejectOutputIfItWaitsOnItself`)
@@ -327,8 +327,8 @@ struct WaitWalk {
             switch follow(from: current, claim: claimRead, remembering: depth == 0) {
             case .target: return true
             case .elsewhere: break
-            case .combinator(let aggregator):
-                if enter(aggregator, depth: depth, branches: &branches) { return true }
+            case .combinator(let aggregator, let output):
+                if enter(aggregator, of: output, depth: depth, branches: &branches) { return true }
             }
             start = branches.popLast()
         }
@@ -358,7 +358,7 @@ struct WaitWalk {
                 guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
                 next = parent
             } else if let settler = current.settlerIfAlive {
-                return .combinator(settler)
+                return .combinator(settler, output: current)
             } else {
                 return .elsewhere
             }
@@ -379,7 +379,8 @@ struct WaitWalk {
     /// At a combinator's pending output: true if it waits on the target for sure; else,
     /// for `allSettled`, its inputs still pending go to `branches`. At most `budget`
     /// inputs are looked at.
-    private mutating func enter(_ aggregator: any WaitedOnByOutput, depth: Int, branches: inout [AnyPromise]) -> Bool {
+    private mutating func enter(_ aggregator: any WaitedOnByOutput, of output: AnyPromise, depth: Int,
+                                branches: inout [AnyPromise]) -> Bool {
         branched = true
         let address = UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator as AnyObject).toOpaque())
         if asked.contains(address) { return true }  // back at an output being asked about
@@ -404,8 +405,18 @@ struct WaitWalk {
             return false
         }
         // One input may settle the output first: it waits on the target only if no input
-        // can, looking at all of them (an input past the budget, or one gone, might).
-        guard complete, !unlinked, depth < WaitWalk.nesting else { return false }
+        // can, looking at all of them (an input past the budget might).
+        guard complete, depth < WaitWalk.nesting else { return false }
+        if unlinked {
+            // A combinator's input gone from its slot died pending (its slot counts it, or
+            // has, as rejected with `brokenPromise`), or a retired aggregator let it go
+            // once the output had settled. For `any`, which no rejection settles, an input
+            // that died is no way out, if the output is still pending after the links
+            // were read (no retirement cleared them then). For the others a rejection
+            // settles the output (and a run's gone step may be one not made yet): a way
+            // out.
+            guard !early.settles(withTag: UInt(PC_REJECTED)), output.isPending else { return false }
+        }
         asked.append(address)
         defer { asked.removeLast() }
         var waitsOnTarget = false

@@ -387,6 +387,41 @@ final class CycleTests: XCTestCase {
         }
     }
 
+    /// `any([p, q, y])` that `p` follows, `q` rejected and `y` dropped pending, in either
+    /// order: `y`'s slot counts it as rejected (`brokenPromise`), which settles no `any`,
+    /// so nothing can settle it but `p`: a cycle. Before, the walks took `y`'s cleared
+    /// link for a way out, and `p` and the `any` stayed pending for ever.
+    func testAnAnyOnACycleWhoseOtherInputsRejectOrDieIsACycle() {
+        for yDiesFirst in [false, true] {
+            let p = Promise<Int>(), q = Promise<Int>()
+            var y: Promise<Int>? = Promise<Int>()
+            let any = Promise.any([p, q, y.unsafelyUnwrapped])
+            p.resolve(with: any)
+            if yDiesFirst { y = nil }
+            q.reject(TestError(1))
+            if !yDiesFirst { y = nil }
+            assertCycle(p)
+            let failure = error(any)
+            guard case PromiseError.allRejected(let errors)? = failure, errors.count == 3 else {
+                return XCTFail("y dies first: \(yDiesFirst): the any ended \(String(describing: failure))")
+            }
+            XCTAssertNil(y)
+        }
+    }
+
+    /// The same, `y` dropped before `p` locks in: the lock-in's own walk finds the cycle.
+    func testFollowingAnAnyWhoseOtherInputsRejectedOrDiedIsACycle() {
+        let p = Promise<Int>(), q = Promise<Int>()
+        var y: Promise<Int>? = Promise<Int>()
+        let any = Promise.any([p, q, y.unsafelyUnwrapped])
+        q.reject(TestError(1))
+        y = nil
+        XCTAssertNil(y)
+        p.resolve(with: any)
+        assertCycle(p)
+        XCTAssertTrue(any.isRejected, "the any ended \(any.state)")
+    }
+
     /// Inputs that share a long pending chain: the walk takes the chain once, and finds
     /// the cycle at its end.
     func testInputsSharingAPendingChainAreWalkedOnce() {
