@@ -702,6 +702,39 @@ __thread unsigned pc_slot_run_depth;
 _Thread_local unsigned pc_slot_run_depth;
 #endif
 
+/* The slots queued for being nested too deep: a FIFO linked through their nodes. Only this
+ * thread touches it: no atomics. */
+static _Thread_local struct {
+    pc_node *head;
+    pc_node *tail;
+} pc_slot_queue;
+
+void pc_slot_run_later(pc_node *node) {
+    node->next = NULL;
+    if (pc_slot_queue.tail != NULL) {
+        pc_slot_queue.tail->next = node;
+    } else {
+        pc_slot_queue.head = node;
+    }
+    pc_slot_queue.tail = node;
+}
+
+void pc_slot_run_end(void) {
+    if (pc_slot_run_depth == 1) {
+        /* Still one deep while the queue runs: a queued slot nests from here, and slots
+         * queued meanwhile join the end. */
+        pc_node *node;
+        while ((node = pc_slot_queue.head) != NULL) {
+            pc_slot_queue.head = node->next;
+            if (pc_slot_queue.head == NULL) {
+                pc_slot_queue.tail = NULL;
+            }
+            node->fire(node, NULL);
+        }
+    }
+    pc_slot_run_depth -= 1;
+}
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */

@@ -7,7 +7,7 @@ import CPromiseCore
 struct AggregatorSlot {
     var node = pc_node()                    // first: a node's address is its slot's
     var owner: UnsafeMutableRawPointer?     // the Aggregator; each registration retains it
-    /// The input that fired the slot, retained, until the slot's deferred run takes it: only
+    /// The input that fired the slot, retained, until the slot's queued run takes it: only
     /// for a slot nested too deep to run at once (`aggregatorSlotFire`).
     var firedBy: UInt = 0
     var settled: Unmanaged<AnyPromise>?     // written once, by the input's firing thread
@@ -338,17 +338,19 @@ func releaseRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: 
 /// the input's firing, so that the output has settled before the input's settling call
 /// returns (the first input to settle decides, on any thread). A slot that would run
 /// inside `PC_SLOT_NESTING` others on this thread (combinators nested directly, each output
-/// the next one's input: `race([race([...])])`) defers itself to the core's trampoline
-/// instead, holding the input for it, and runs after the current firing: nestings of any
-/// depth settle in bounded stack (100,000 levels overflowed before).
+/// the next one's input: `race([race([...])])`, or a fold `acc = race([acc, b])`) is
+/// queued instead, holding the input for it, and the outermost slot run runs it before it
+/// returns, still inside the first input's firing: nestings of any depth settle in
+/// bounded stack, as at any depth before the first input's settling call returns
+/// (100,000 levels overflowed the stack before).
 func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
     let input: AnyPromise
     if let source {
         guard !SlotRuns.tooDeep else {
-            // Held for the deferred run: the settler may let the input go before it comes.
+            // Held for the queued run: the firing may let the input go before it comes.
             slot.pointee.firedBy = UInt(bitPattern: AnyPromise.owner(ofCore: source).retain().toOpaque())
-            deferNode(node)  // the registration's retain of the aggregator goes with it
+            SlotRuns.later(node)  // the registration's retain of the aggregator goes with it
             return
         }
         input = AnyPromise.owner(ofCore: source).takeUnretainedValue()

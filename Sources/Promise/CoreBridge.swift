@@ -731,11 +731,14 @@ func deferNode(_ node: UnsafeMutablePointer<pc_node>) {
 }
 
 /// Combinator slots' runs on this thread, counted (`pc_slot_run_begin`, pc_overlay.h): a
-/// slot inside `PC_SLOT_NESTING` others defers itself instead of running.
+/// slot inside `PC_SLOT_NESTING` others is queued (`later`) instead of running, and the
+/// outermost run's `end` runs it.
 enum SlotRuns {
     @inline(__always) static var tooDeep: Bool { pc_slot_runs_too_deep() }
     @inline(__always) static func begin() { pc_slot_run_begin() }
     @inline(__always) static func end() { pc_slot_run_end() }
+    /// Queues `node`'s fire callback, with no source, for the outermost run's `end`.
+    static func later(_ node: UnsafeMutablePointer<pc_node>) { pc_slot_run_later(node) }
 }
 
 

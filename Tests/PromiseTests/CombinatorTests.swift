@@ -578,4 +578,56 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try race.wait(timeout: .seconds(10)), 1)
         XCTAssertEqual(reports.all, [])
     }
+
+    /// The same for a fold 40 levels deep (`acc = race([acc, b])`), past the 32 nested
+    /// slot runs a thread makes before it queues the rest: the queued ones run before the
+    /// outermost slot returns, so the top has settled as the first input's settling call
+    /// returns, observers keep their order, and a loser dropped meanwhile is no broken
+    /// promise. (Deferred to the trampoline, the top settled only after the handler, the
+    /// race took the loser's brokenPromise, and the order flipped.)
+    func testAFoldOfRacesDeeperThanTheInlineLimitSettlesAsItsInputsCallReturns() throws {
+        let depth = 40
+        func fold(_ first: Promise<Int>, others: [Promise<Int>]) -> Promise<Int> {
+            others.reduce(first) { acc, next in Promise.race([acc, next]) }
+        }
+        // Inside a handler: settled on return.
+        let a = Promise<Int>()
+        let losers = (0..<depth).map { _ in Promise<Int>() }
+        let top = fold(a, others: losers)
+        let seen = Log<String>()
+        let trigger = Promise<Void>()
+        trigger.whenComplete(on: .immediate) { _ in
+            a.fulfill(1)
+            seen.append("top \(top.state)")
+        }
+        trigger.fulfill(())
+        XCTAssertEqual(seen.all, ["top fulfilled"])
+        XCTAssertEqual(try top.wait(timeout: .seconds(10)), 1)
+
+        // Order on one serial queue: the top's observer, registered first, runs first.
+        let c = Promise<Int>()
+        let topOfC = fold(c, others: losers)
+        let queue = DispatchQueue(label: "fold order")
+        let log = Log<String>()
+        topOfC.whenComplete(on: queue) { _ in log.append("top") }
+        c.whenComplete(on: queue) { _ in log.append("input") }
+        c.fulfill(2)
+        queue.sync {}
+        XCTAssertEqual(log.all, ["top", "input"])
+
+        // A loser dropped by a handler of the deciding input.
+        let reports = Log<String>()
+        PromiseDiagnostics.setHandler { event in
+            if case .brokenPromise = event.kind { reports.append(event.promiseType) }
+        }
+        defer { PromiseDiagnostics.setHandler(nil) }
+        final class Holder: @unchecked Sendable { var last: Promise<Int>? = Promise<Int>() }
+        let holder = Holder()
+        let d = Promise<Int>()
+        d.whenComplete(on: .immediate) { _ in holder.last = nil }
+        let topOfD = fold(d, others: losers + [holder.last.unsafelyUnwrapped])
+        d.fulfill(3)
+        XCTAssertEqual(try topOfD.wait(timeout: .seconds(10)), 3)
+        XCTAssertEqual(reports.all, [])
+    }
 }

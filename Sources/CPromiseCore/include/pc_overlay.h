@@ -12,7 +12,8 @@
  *   pc_fence        any thread                       wait-free (one fence)
  *   pc_context_*    any thread (thread-local)        wait-free, except that the outermost
  *                                                    pc_context_call_end makes the calls queued
- *   pc_slot_*       any thread (thread-local)        wait-free
+ *   pc_slot_*       any thread (thread-local)        wait-free, except that the outermost
+ *                                                    pc_slot_run_end runs the slots queued
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
@@ -200,13 +201,15 @@ void pc_context_run_later(void *_Nonnull item, pc_run_fn _Nonnull run);
  * Combinator slots (the overlay's aggregators). A slot runs its combinator's policy inside
  * the firing of the input that settled, so that the output has settled before that
  * input's settling call returns (the first input to settle decides a race, on any
- * thread). Combinators nested directly, each output the input of the next, would then
- * settle one inside the other, a few frames deeper per level. So the overlay brackets each
- * run with pc_slot_run_begin and pc_slot_run_end, and first asks pc_slot_runs_too_deep:
- * true when this thread is inside PC_SLOT_NESTING runs already. Then the slot defers
- * itself (pc_defer) and runs after the current firing, one deep again: nestings of any
- * depth settle in bounded stack, those past PC_SLOT_NESTING levels a trampoline step
- * later. Thread-local: no atomics.
+ * thread). Combinators nested directly, each output the input of the next, then settle
+ * one inside the other, a few frames deeper per level. So the overlay brackets each run
+ * with pc_slot_run_begin and pc_slot_run_end, and first asks pc_slot_runs_too_deep: true
+ * when this thread is inside PC_SLOT_NESTING runs already. Then the slot does not run
+ * but is queued (pc_slot_run_later), and the outermost pc_slot_run_end runs the queued
+ * slots, in order, one deep (what they nest nests again from there), before it returns:
+ * still inside the first input's firing, so a nesting of any depth settles, in bounded
+ * stack, before that input's settling call returns. Thread-local: no atomics, no lock,
+ * no allocation (the queue links the slots' own nodes, which no list holds then).
  */
 #define PC_SLOT_NESTING 32u
 
@@ -224,9 +227,11 @@ static inline void pc_slot_run_begin(void) {
     pc_slot_run_depth += 1;
 }
 
-static inline void pc_slot_run_end(void) {
-    pc_slot_run_depth -= 1;
-}
+void pc_slot_run_end(void);
+
+/* Queues node->fire(node, NULL) for the outermost pc_slot_run_end on this thread (only
+ * while pc_slot_runs_too_deep). The node must be in no list; its next is the queue's. */
+void pc_slot_run_later(pc_node *_Nonnull node);
 
 /*
  * The word of the application's diagnostics handler (the overlay's PromiseDiagnostics): a
