@@ -296,8 +296,8 @@ extension Promise {
     /// pool is blocked (`wait()` inside many handlers on `.default`, say), and a `wait()`
     /// on the child from one of those threads returns. The child's handlers on other
     /// contexts run when their context does. `.immediate` handlers on the child run on
-    /// that queue: one that blocks holds it, and other timers go to the next ones, a few
-    /// in all. Keep them short, as always.
+    /// that queue: one that blocks holds it, and other timers go to the others (eight in
+    /// all). Keep them short, as always.
     public func timeout(_ interval: Duration) -> Promise<Value> {
         timeout(interval) { fire, _ in PromiseTimer(after: interval, fire) }
     }

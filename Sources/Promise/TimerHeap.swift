@@ -37,9 +37,10 @@ import Dispatch
 /// queue, and Dispatch gives a serial queue a thread even when the global pool is busy
 /// (serial queues overcommit). A work goes to the lane with the fewest works sent to it
 /// and not yet finished, so works due together run side by side, as on a global queue,
-/// with at most `laneCount` threads, and a work that blocks (an `.immediate` handler,
-/// which must not) keeps the next ones off its lane: they wait only once every lane is
-/// busy. A lane holds no thread while it has nothing to run.
+/// with at most `laneCount` threads. A lane whose work has run for longer than
+/// `stuckAfter` (a work that blocks: an `.immediate` handler, which must not) gets no
+/// more while another lane is not stuck, so a blocked handler delays no other timer until
+/// every lane is stuck. A lane holds no thread while it has nothing to run.
 final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properties under the lock, `source` aside
     /// The process's heap, made on first use. It lives as long as the process.
     static let shared = TimerHeap()
@@ -73,23 +74,42 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     }
 
     /// Where due works run: see the type's comment.
-    private static let laneCount = 4
+    private static let laneCount = 8
     private static let lanes = (0..<laneCount).map { DispatchQueue(label: "Promise.timers.lane\($0)") }
-    /// Per lane, the works sent to it and not finished yet (under the lock).
+    /// A work running longer than this holds its lane: it is taken for blocked.
+    private static let stuckAfter: UInt64 = 10_000_000  // nanoseconds
+    /// Per lane, under the lock: the works sent to it and not finished yet, and when the
+    /// one running now started (uptime nanoseconds; 0 if none runs).
     private var laneLoads = [Int](repeating: 0, count: TimerHeap.laneCount)
+    private var laneRunningSince = [UInt64](repeating: 0, count: TimerHeap.laneCount)
 
-    /// Runs `work` on the lane with the fewest works sent and not finished (the first such
-    /// on a tie), and counts it there until it returns.
+    /// Runs `work` on the lane with the fewest works sent and not finished, among those
+    /// not stuck (all of them if every one is), the first such on a tie; counts it there
+    /// until it returns.
     func send(_ work: @escaping @Sendable () -> Void) {
         let lane = withLock {
-            var lane = 0
-            for index in 1..<TimerHeap.laneCount where laneLoads[index] < laneLoads[lane] { lane = index }
+            // Read under the lock, after every start recorded before it: none is later.
+            let now = DispatchTime.now().uptimeNanoseconds
+            var chosen: Int? = nil
+            for stuckToo in [false, true] {
+                for index in 0..<TimerHeap.laneCount {
+                    let since = laneRunningSince[index]
+                    guard stuckToo || since == 0 || now &- since < TimerHeap.stuckAfter else { continue }
+                    if chosen.map({ laneLoads[index] < laneLoads[$0] }) ?? true { chosen = index }
+                }
+                if chosen != nil { break }
+            }
+            let lane = chosen.unsafelyUnwrapped
             laneLoads[lane] += 1
             return lane
         }
         TimerHeap.lanes[lane].async {
+            self.withLock { self.laneRunningSince[lane] = max(DispatchTime.now().uptimeNanoseconds, 1) }
             work()
-            self.withLock { self.laneLoads[lane] -= 1 }
+            self.withLock {
+                self.laneLoads[lane] -= 1
+                self.laneRunningSince[lane] = 0
+            }
         }
     }
 

@@ -205,9 +205,10 @@ final class TimerHeapTests: XCTestCase {
     }
 
     /// A timer's `.immediate` handler that blocks holds its lane, and the timers set after
-    /// it go to the others: each of eight timers, set one after the other, fires on time
-    /// while the first handler still blocks. (With the lanes taken in turn, every fourth
-    /// timer waited behind the blocked one.)
+    /// it go to the others: eight timers set one after the other, then a burst of eight due
+    /// together, all fire on time while the first handler still blocks. (With the lanes
+    /// taken in turn, every fourth timer waited behind the blocked one; with the least
+    /// busy lane first, the burst's fourth and eighth did.)
     func testATimerHandlerThatBlocksHoldsOnlyItsOwnLane() {
         let release = DispatchSemaphore(value: 0)
         let blocking = Countdown(1)
@@ -217,11 +218,15 @@ final class TimerHeapTests: XCTestCase {
         }
         defer { release.signal() }
         XCTAssertTrue(blocking.wait(), "the blocking handler never ran")
+        usleep(20_000)  // the handler has blocked its lane for longer than a work may run
         for index in 0..<8 {
             let fired = Countdown(1)
             Promise.after(.milliseconds(5)).whenComplete(on: .immediate) { _ in fired.countDown() }
             XCTAssertTrue(fired.wait(timeout: 5), "timer \(index) waited behind the blocked handler")
         }
+        let burst = Countdown(8)
+        for _ in 0..<8 { Promise.after(.milliseconds(20)).whenComplete(on: .immediate) { _ in burst.countDown() } }
+        XCTAssertTrue(burst.wait(timeout: 5), "timers due together waited behind the blocked handler")
     }
 
     /// A timer due at once does not go through the heap (the hop to its queue would only
