@@ -337,12 +337,12 @@ func releaseRetiredAggregatorSlot(_ node: UnsafeMutablePointer<pc_node>, input: 
 /// The fire callback of an aggregator slot: runs the policy on the settling thread, inside
 /// the input's firing, so that the output has settled before the input's settling call
 /// returns (the first input to settle decides, on any thread). A slot that would run
-/// inside `PC_SLOT_NESTING` others on this thread (combinators nested directly, each output
-/// the next one's input: `race([race([...])])`, or a fold `acc = race([acc, b])`) is
-/// queued instead, holding the input for it, and the outermost slot run runs it before it
-/// returns, still inside the first input's firing: nestings of any depth settle in
-/// bounded stack, as at any depth before the first input's settling call returns
-/// (100,000 levels overflowed the stack before).
+/// inside `PC_SLOT_NESTING` (128) others on this thread (combinators nested directly, each
+/// output the next one's input: `race([race([...])])`, or a fold `acc = race([acc, b])`)
+/// is queued instead, holding the input for it, and the outermost slot run runs it before
+/// it returns: nestings of any depth settle in bounded stack before the first input's
+/// settling call returns (100,000 levels overflowed the stack before), the levels past
+/// the limit once the levels below have fired.
 func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let slot = UnsafeMutableRawPointer(node).assumingMemoryBound(to: AggregatorSlot.self)
     let input: AnyPromise

@@ -579,14 +579,14 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(reports.all, [])
     }
 
-    /// The same for a fold 40 levels deep (`acc = race([acc, b])`), past the 32 nested
+    /// The same for a fold 140 levels deep (`acc = race([acc, b])`), past the 128 nested
     /// slot runs a thread makes before it queues the rest: the queued ones run before the
     /// outermost slot returns, so the top has settled as the first input's settling call
     /// returns, observers keep their order, and a loser dropped meanwhile is no broken
     /// promise. (Deferred to the trampoline, the top settled only after the handler, the
     /// race took the loser's brokenPromise, and the order flipped.)
     func testAFoldOfRacesDeeperThanTheInlineLimitSettlesAsItsInputsCallReturns() throws {
-        let depth = 40
+        let depth = 140
         func fold(_ first: Promise<Int>, others: [Promise<Int>]) -> Promise<Int> {
             others.reduce(first) { acc, next in Promise.race([acc, next]) }
         }
