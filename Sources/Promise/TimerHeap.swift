@@ -39,8 +39,11 @@ import Dispatch
 /// and not yet finished, so works due together run side by side, as on a global queue,
 /// with at most `laneCount` threads. A lane whose work has run for longer than
 /// `stuckAfter` (a work that blocks: an `.immediate` handler, which must not) gets no
-/// more while another lane is not stuck, so a blocked handler delays no other timer until
-/// every lane is stuck. A lane holds no thread while it has nothing to run.
+/// more while another lane is not stuck, and on a tie the lane whose work started last
+/// (or has not started) wins: a blocked handler delays the timers due after it only once
+/// every lane is busy. (Works sent together, before any of them starts, cannot know which
+/// will block: one may land behind it.) A lane holds no thread while it has nothing to
+/// run.
 final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properties under the lock, `source` aside
     /// The process's heap, made on first use. It lives as long as the process.
     static let shared = TimerHeap()
@@ -84,24 +87,30 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
     private var laneRunningSince = [UInt64](repeating: 0, count: TimerHeap.laneCount)
 
     /// Runs `work` on the lane with the fewest works sent and not finished, among those
-    /// not stuck (all of them if every one is), the first such on a tie; counts it there
-    /// until it returns.
+    /// not stuck (all of them if every one is); on a tie, the one whose running work
+    /// started last, or that runs none yet (a work that started long ago may be blocked).
+    /// Counts it there until it returns.
     func send(_ work: @escaping @Sendable () -> Void) {
         let lane = withLock {
             // Read under the lock, after every start recorded before it: none is later.
             let now = DispatchTime.now().uptimeNanoseconds
-            var chosen: Int? = nil
-            for stuckToo in [false, true] {
+            func startRank(_ lane: Int) -> UInt64 {
+                laneRunningSince[lane] == 0 ? .max : laneRunningSince[lane]
+            }
+            var chosen = -1
+            for pass in 0..<2 {  // the lanes not stuck; then, if every one is, all of them
                 for index in 0..<TimerHeap.laneCount {
                     let since = laneRunningSince[index]
-                    guard stuckToo || since == 0 || now &- since < TimerHeap.stuckAfter else { continue }
-                    if chosen.map({ laneLoads[index] < laneLoads[$0] }) ?? true { chosen = index }
+                    guard pass == 1 || since == 0 || now &- since < TimerHeap.stuckAfter else { continue }
+                    if chosen < 0 || laneLoads[index] < laneLoads[chosen]
+                        || (laneLoads[index] == laneLoads[chosen] && startRank(index) > startRank(chosen)) {
+                        chosen = index
+                    }
                 }
-                if chosen != nil { break }
+                if chosen >= 0 { break }
             }
-            let lane = chosen.unsafelyUnwrapped
-            laneLoads[lane] += 1
-            return lane
+            laneLoads[chosen] += 1
+            return chosen
         }
         TimerHeap.lanes[lane].async {
             self.withLock { self.laneRunningSince[lane] = max(DispatchTime.now().uptimeNanoseconds, 1) }
