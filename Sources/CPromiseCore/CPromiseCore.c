@@ -114,15 +114,36 @@ _Thread_local uintptr_t pc_cascade_watch_word;
 _Thread_local uintptr_t pc_scope_opener_word;
 #endif
 
+/* A FIFO of nodes linked through their own next fields, none in any other list meanwhile:
+ * the trampoline's and the combinator slots' queue (thread-local both). */
+static inline void pc_fifo_push(pc_node **head, pc_node **tail, pc_node *node) {
+    node->next = NULL;
+    if (*tail != NULL) {
+        (*tail)->next = node;
+    } else {
+        *head = node;
+    }
+    *tail = node;
+}
+
+/* The oldest node, or NULL; its next is read here, before the caller fires it (a fire may
+ * free the node). */
+static inline pc_node *pc_fifo_pop(pc_node **head, pc_node **tail) {
+    pc_node *node = *head;
+    if (node != NULL) {
+        *head = node->next;
+        if (*head == NULL) {
+            *tail = NULL;
+        }
+    }
+    return node;
+}
+
 static void pc_drain(void) {
     pc_trampoline.depth = 1; /* a fire callback that publishes or observes only queues */
     for (;;) {
-        pc_node *node = pc_trampoline.head;
+        pc_node *node = pc_fifo_pop(&pc_trampoline.head, &pc_trampoline.tail);
         if (node != NULL) {
-            pc_trampoline.head = node->next; /* read before fire: fire may free the node */
-            if (pc_trampoline.head == NULL) {
-                pc_trampoline.tail = NULL;
-            }
             node->fire(node, NULL);
         } else if (pc_trampoline.kept_count != 0) {
             /* Newest first; a release may defer more work, which runs before the next. */
@@ -164,13 +185,7 @@ void pc_defer(pc_node *node) {
     if (node->fire == NULL) {
         pc_die("pc_defer", "node has no fire callback", (uintptr_t)node);
     }
-    node->next = NULL;
-    if (pc_trampoline.tail != NULL) {
-        pc_trampoline.tail->next = node;
-    } else {
-        pc_trampoline.head = node;
-    }
-    pc_trampoline.tail = node;
+    pc_fifo_push(&pc_trampoline.head, &pc_trampoline.tail, node);
     if (pc_trampoline.depth == 0) {
         pc_drain();
     }
@@ -710,13 +725,7 @@ static _Thread_local struct {
 } pc_slot_queue;
 
 void pc_slot_run_later(pc_node *node) {
-    node->next = NULL;
-    if (pc_slot_queue.tail != NULL) {
-        pc_slot_queue.tail->next = node;
-    } else {
-        pc_slot_queue.head = node;
-    }
-    pc_slot_queue.tail = node;
+    pc_fifo_push(&pc_slot_queue.head, &pc_slot_queue.tail, node);
 }
 
 void pc_slot_run_end(void) {
@@ -724,11 +733,7 @@ void pc_slot_run_end(void) {
         /* Still one deep while the queue runs: a queued slot nests from here, and slots
          * queued meanwhile join the end. */
         pc_node *node;
-        while ((node = pc_slot_queue.head) != NULL) {
-            pc_slot_queue.head = node->next;
-            if (pc_slot_queue.head == NULL) {
-                pc_slot_queue.tail = NULL;
-            }
+        while ((node = pc_fifo_pop(&pc_slot_queue.head, &pc_slot_queue.tail)) != NULL) {
             node->fire(node, NULL);
         }
     }
