@@ -549,15 +549,23 @@ final class CombinatorTests: XCTestCase {
     /// input runs first: the output settled inside the input's firing, before the input's
     /// later observers were sent.
     func testAnOutputsObserverRunsBeforeLaterObserversOfItsInput() {
-        let a = Promise<Int>()
-        let race = Promise.race([a])
+        assertAnOutputsObserverRunsFirst { input in Promise.race([input]) }
+    }
+
+    /// On one serial queue, an observer of `combine(input)` registered before one of
+    /// `input` runs first once `input` is fulfilled.
+    private func assertAnOutputsObserverRunsFirst(
+        _ combine: (Promise<Int>) -> Promise<Int>, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        let input = Promise<Int>()
+        let output = combine(input)
         let queue = DispatchQueue(label: "order")
         let log = Log<String>()
-        race.whenComplete(on: queue) { _ in log.append("race") }
-        a.whenComplete(on: queue) { _ in log.append("input") }
-        a.fulfill(1)
+        output.whenComplete(on: queue) { _ in log.append("output") }
+        input.whenComplete(on: queue) { _ in log.append("input") }
+        input.fulfill(1)
         queue.sync {}
-        XCTAssertEqual(log.all, ["race", "input"])
+        XCTAssertEqual(log.all, ["output", "input"], file: file, line: line)
     }
 
     /// An input of a race that another input decided, dropped pending from a handler of
@@ -614,15 +622,7 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try top.wait(timeout: .seconds(10)), 1)
 
         // Order on one serial queue: the top's observer, registered first, runs first.
-        let c = Promise<Int>()
-        let topOfC = fold(c, others: losers)
-        let queue = DispatchQueue(label: "fold order")
-        let log = Log<String>()
-        topOfC.whenComplete(on: queue) { _ in log.append("top") }
-        c.whenComplete(on: queue) { _ in log.append("input") }
-        c.fulfill(2)
-        queue.sync {}
-        XCTAssertEqual(log.all, ["top", "input"])
+        assertAnOutputsObserverRunsFirst { input in fold(input, others: losers) }
 
         // A loser dropped by a handler of the deciding input.
         try assertNoBrokenPromiseWhenADecidingInputDropsALoser { decider, loser in fold(decider, others: losers + [loser]) }
