@@ -741,7 +741,6 @@ enum SlotRuns {
     static func later(_ node: UnsafeMutablePointer<pc_node>) { pc_slot_run_later(node) }
 }
 
-
 /// Calls into an execution context the user gave (`pc_context_call_begin`, pc_overlay.h).
 /// A context must run work later, never inside `execute`; one that runs it there anyway
 /// would nest each handler's settle inside the one before, and a long chain of them would

@@ -94,21 +94,14 @@ final class TimerHeap: SpinLocked, @unchecked Sendable {  // the stored properti
         let lane = withLock {
             // Read under the lock, after every start recorded before it: none is later.
             let now = DispatchTime.now().uptimeNanoseconds
-            func startRank(_ lane: Int) -> UInt64 {
-                laneRunningSince[lane] == 0 ? .max : laneRunningSince[lane]
+            // Smaller is better, in order: not stuck, fewer works, a later start (or none).
+            func rank(_ lane: Int) -> (Int, Int, UInt64) {
+                let since = laneRunningSince[lane]
+                let stuck = since != 0 && now &- since >= TimerHeap.stuckAfter
+                return (stuck ? 1 : 0, laneLoads[lane], since == 0 ? 0 : .max - since)
             }
-            var chosen = -1
-            for pass in 0..<2 {  // the lanes not stuck; then, if every one is, all of them
-                for index in 0..<TimerHeap.laneCount {
-                    let since = laneRunningSince[index]
-                    guard pass == 1 || since == 0 || now &- since < TimerHeap.stuckAfter else { continue }
-                    if chosen < 0 || laneLoads[index] < laneLoads[chosen]
-                        || (laneLoads[index] == laneLoads[chosen] && startRank(index) > startRank(chosen)) {
-                        chosen = index
-                    }
-                }
-                if chosen >= 0 { break }
-            }
+            var chosen = 0
+            for index in 1..<TimerHeap.laneCount where rank(index) < rank(chosen) { chosen = index }
             laneLoads[chosen] += 1
             return chosen
         }
