@@ -12,7 +12,8 @@
 #                 tests): building SwiftNIO under ASan would cost CI a minute and a half
 #
 # The sanitizer targets run short knobs (SAN_ITERATIONS: the default 2000 rounds, capped
-# at SAN_SECONDS = 5 s per test: sanitized code is slow) and fail on any sanitizer report
+# at SAN_SECONDS = 3 s per test: sanitized code is slow, and `make stress` is where rounds
+# pile up; the million-level tests build SAN_DEEP_LEVELS = 200,000) and fail on any sanitizer report
 # in their output even when the exit status is 0: each run is tee'd to a log under its
 # scratch directory and grepped. Sanitizer builds use their own scratch paths
 # (.build-tsan, .build-asan) so they never clobber the normal build. Every run prints a
@@ -21,7 +22,8 @@
 STRESS_ITERATIONS ?= 100000
 STRESS_SECONDS    ?= 60
 SAN_ITERATIONS    ?= 2000
-SAN_SECONDS       ?= 5
+SAN_SECONDS       ?= 3
+SAN_DEEP_LEVELS   ?= 200000
 # The memory churn test's resident-set bound under sanitizers: ASan's quarantine
 # (256 MiB by default) and TSan's shadow memory grow with the churn before they level off.
 SAN_RSS_GROWTH_MIB ?= 512
@@ -73,7 +75,7 @@ LSAN_SUPPRESSIONS_FILE := $(ASAN_BUILD)/lsan-suppressions.txt
 SAN_REPORTS := WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|SUMMARY: [A-Za-z]*Sanitizer|: runtime error: 
 
 SAN_KNOBS := PROMISE_STRESS_ITERATIONS=$(SAN_ITERATIONS) PROMISE_STRESS_SECONDS=$(SAN_SECONDS) \
-             PROMISE_STRESS_RSS_GROWTH_MIB=$(SAN_RSS_GROWTH_MIB)
+             PROMISE_STRESS_RSS_GROWTH_MIB=$(SAN_RSS_GROWTH_MIB) PROMISE_DEEP_LEVELS=$(SAN_DEEP_LEVELS)
 # The C test: its own round counts (20000 / 50000) unless SAN_CORE_ITERATIONS is set,
 # capped at SAN_SECONDS per racing test.
 SAN_CORE_ITERATIONS ?=

@@ -19,6 +19,15 @@ import Musl
 let testTimeout: Duration = .seconds(10)
 let testTimeoutSeconds: TimeInterval = 10
 
+/// How many levels a million-level test builds: `levels`, or at most PROMISE_DEEP_LEVELS.
+/// The sanitizer runs set it to 200,000 (mk/stress.mk): sanitized code takes a minute for
+/// a million levels, and a release that recursed once per level would still overflow any
+/// thread's stack at a fifth of them (the sanitizers' frames are larger, not smaller).
+func deepLevels(_ levels: Int) -> Int {
+    let cap = ProcessInfo.processInfo.environment["PROMISE_DEEP_LEVELS"].flatMap(Int.init) ?? levels
+    return max(1, min(levels, cap))
+}
+
 /// An error with an identity, so a test can tell which error came through.
 struct TestError: Error, Equatable, Sendable, CustomStringConvertible {
     let id: Int
