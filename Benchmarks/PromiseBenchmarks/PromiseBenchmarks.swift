@@ -3,8 +3,11 @@
 // clock and malloc counts are recorded per iteration, and `bench.py` divides by `ops`.
 //
 // Run through `make bench` (the table) or `make bench-check` (the malloc thresholds).
+// PROMISE_BENCH_MAX_ITERATIONS lowers the iterations per benchmark: bench-check reads only
+// malloc counts, which are the same in every iteration, so it runs a few.
 import Benchmark
 import BenchmarkCases
+import Foundation
 
 let benchmarks: @Sendable () -> Void = {
     Benchmark.defaultConfiguration = .init(
@@ -13,7 +16,7 @@ let benchmarks: @Sendable () -> Void = {
         warmupIterations: 3,
         scalingFactor: .one,
         maxDuration: .milliseconds(1_200),
-        maxIterations: 1_000
+        maxIterations: ProcessInfo.processInfo.environment["PROMISE_BENCH_MAX_ITERATIONS"].flatMap(Int.init) ?? 1_000
     )
 
     for benchmarkCase in allCases {
