@@ -76,7 +76,7 @@ server-load: server wrk-deps
 server-compare: server wrk-deps
 	@echo "==> server-compare: --engine promise against --engine nio on 127.0.0.1 under wrk ($(COMPARE_ROUNDS) rounds of $(COMPARE_SECONDS) s each, $(LOAD_THREADS) threads, $(LOAD_CONNECTIONS) connections), every response checked"
 	@bin="$$(cd $(EXAMPLES_DIR) && $(SWIFT) build -c $(SERVER_CONFIG) --product server $(EXAMPLES_FLAGS) --show-bin-path)" && \
-		COMPARE_ROUNDS=$(COMPARE_ROUNDS) COMPARE_SECONDS=$(COMPARE_SECONDS) \
+		COMPARE_ROUNDS=$(COMPARE_ROUNDS) COMPARE_SECONDS=$(COMPARE_SECONDS) SERVER_CONFIG=$(SERVER_CONFIG) \
 		LOAD_THREADS=$(LOAD_THREADS) LOAD_CONNECTIONS=$(LOAD_CONNECTIONS) WRK=$(WRK) \
 		bash $(EXAMPLES_DIR)/LoadTest/server-compare.sh "$$bin/server"
 

@@ -130,7 +130,9 @@ tsan-core: deps $(BUILD_DIR)/core_test_tsan
 
 tsan-swift: deps
 	@echo "==> tsan-swift: swift test --sanitize=thread (PromiseTests and PromiseStressTests), $(SAN_KNOBS)"
-	$(call logged,$(TSAN_BUILD)/tsan-swift.log,env $(SAN_KNOBS) $(TSAN_ENV) $(SWIFT) test --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS))
+	$(call logged,$(TSAN_BUILD)/tsan-swift.log,$(SWIFT) build --build-tests --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS) && \
+		env $(SAN_KNOBS) $(TSAN_ENV) bash Scripts/test-in-two-shards.sh $(TSAN_BUILD)/tsan-swift \
+		$(SWIFT) test --skip-build --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS))
 
 tsan: tsan-core tsan-swift
 	@echo "==> tsan: passed, no ThreadSanitizer reports"
@@ -152,7 +154,10 @@ $(LSAN_SUPPRESSIONS_FILE): mk/stress.mk
 
 asan-swift: deps $(LSAN_SUPPRESSIONS_FILE)
 	@echo "==> asan-swift: swift test --sanitize=address with leak detection (PromiseTests and PromiseStressTests), $(SAN_KNOBS)"
-	$(call logged,$(ASAN_BUILD)/asan-swift.log,env $(SAN_KNOBS) $(ASAN_ENV) LSAN_OPTIONS='suppressions=$(abspath $(LSAN_SUPPRESSIONS_FILE)) print_suppressions=1' $(SWIFT) test --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN))
+	$(call logged,$(ASAN_BUILD)/asan-swift.log,$(SWIFT) build --build-tests --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN) && \
+		env $(SAN_KNOBS) $(ASAN_ENV) LSAN_OPTIONS='suppressions=$(abspath $(LSAN_SUPPRESSIONS_FILE)) print_suppressions=1' \
+		bash Scripts/test-in-two-shards.sh $(ASAN_BUILD)/asan-swift \
+		$(SWIFT) test --skip-build --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN))
 
 asan: asan-core asan-swift
 	@echo "==> asan: passed, no AddressSanitizer / LeakSanitizer / UBSan reports"

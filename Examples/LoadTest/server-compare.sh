@@ -13,7 +13,8 @@
 #   server-compare.sh SERVER_BINARY
 #
 # Environment: COMPARE_ROUNDS (3), COMPARE_SECONDS (5), LOAD_THREADS (2),
-# LOAD_CONNECTIONS (32), WRK (wrk).
+# LOAD_CONNECTIONS (32), WRK (wrk), SERVER_CONFIG (release; debug: a check that both
+# engines answer right under load, whose ratios say nothing of speed, so no verdict).
 set -euo pipefail
 
 server=${1:?usage: server-compare.sh SERVER_BINARY}
@@ -72,6 +73,10 @@ for engine in $engines; do
     printf '    %-8s %12s %10s %10s\n' "$engine" \
         "$(median 1 "$work/$engine.rounds" %.0f)" "$(median 2 "$work/$engine.rounds")" "$(median 3 "$work/$engine.rounds")"
 done
+if [ "${SERVER_CONFIG:-release}" != release ]; then
+    echo "server-compare: a $SERVER_CONFIG build: both engines answered every request right; no ratio verdict (make server-compare builds for release)"
+    exit 0
+fi
 awk -v pr="$(median 1 "$work/promise.rounds")" -v nr="$(median 1 "$work/nio.rounds")" \
     -v p99p="$(median 3 "$work/promise.rounds")" -v p99n="$(median 3 "$work/nio.rounds")" 'BEGIN {
     rps = pr / nr; p99 = p99p / p99n
