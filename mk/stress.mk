@@ -13,9 +13,11 @@
 #
 # The sanitizer targets run short knobs (SAN_ITERATIONS: the default 2000 rounds, capped
 # at SAN_SECONDS = 3 s per test: sanitized code is slow, and `make stress` is where rounds
-# pile up; the million-level tests build SAN_DEEP_LEVELS = 200,000) and fail on any sanitizer report
-# in their output even when the exit status is 0: each run is tee'd to a log under its
-# scratch directory and grepped. Sanitizer builds use their own scratch paths
+# pile up; the million-level tests build SAN_DEEP_LEVELS = 200,000; the tests that run in
+# a child process for crash isolation run in the test process, which a crash fails too),
+# run the stress suite beside the other tests (Scripts/test-in-two-shards.sh), and fail
+# on any sanitizer report in their output even when the exit status is 0: each run is
+# tee'd to a log under its scratch directory and grepped. Sanitizer builds use their own scratch paths
 # (.build-tsan, .build-asan) so they never clobber the normal build. Every run prints a
 # summary: rounds per test, the invariants checked, what the races hit.
 
@@ -75,7 +77,8 @@ LSAN_SUPPRESSIONS_FILE := $(ASAN_BUILD)/lsan-suppressions.txt
 SAN_REPORTS := WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|SUMMARY: [A-Za-z]*Sanitizer|: runtime error: 
 
 SAN_KNOBS := PROMISE_STRESS_ITERATIONS=$(SAN_ITERATIONS) PROMISE_STRESS_SECONDS=$(SAN_SECONDS) \
-             PROMISE_STRESS_RSS_GROWTH_MIB=$(SAN_RSS_GROWTH_MIB) PROMISE_DEEP_LEVELS=$(SAN_DEEP_LEVELS)
+             PROMISE_STRESS_RSS_GROWTH_MIB=$(SAN_RSS_GROWTH_MIB) PROMISE_DEEP_LEVELS=$(SAN_DEEP_LEVELS) \
+             PROMISE_TESTS_IN_PROCESS=1
 # The C test: its own round counts (20000 / 50000) unless SAN_CORE_ITERATIONS is set,
 # capped at SAN_SECONDS per racing test.
 SAN_CORE_ITERATIONS ?=
