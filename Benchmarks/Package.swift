@@ -2,12 +2,20 @@
 //
 // The benchmark suite: its own package, so that the library's Package.swift stays free of
 // dependencies. Depends on the library by path, on ordo-one/benchmark (package-benchmark: runs,
-// percentiles, malloc counters) and on SwiftNIO (the baseline). Run it with `make bench`.
+// percentiles, malloc counters) and on SwiftNIO (the baseline, behind the trait NIOBaselines).
+// Run it with `make bench`.
 import PackageDescription
 
 let package = Package(
     name: "PromiseBenchmarks",
     platforms: [.macOS(.v15)],
+    // The SwiftNIO baselines (Cases/NIOCases.swift and NIO's rows of PromiseMemory). On by
+    // default; `make bench-check`, which gates our promise's figures alone, turns it off
+    // and so builds no SwiftNIO (over half of this package's release build).
+    traits: [
+        .trait(name: "NIOBaselines"),
+        .default(enabledTraits: ["NIOBaselines"]),
+    ],
     dependencies: [
         .package(name: "Promise", path: ".."),
         .package(url: "https://github.com/ordo-one/benchmark", exact: "1.38.1",
@@ -21,8 +29,8 @@ let package = Package(
             name: "BenchmarkCases",
             dependencies: [
                 .product(name: "Promise", package: "Promise"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["NIOBaselines"])),
+                .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["NIOBaselines"])),
             ],
             path: "Cases"
         ),
@@ -48,8 +56,8 @@ let package = Package(
             dependencies: [
                 "CMallocInfo",
                 .product(name: "Promise", package: "Promise"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["NIOBaselines"])),
+                .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["NIOBaselines"])),
             ],
             path: "Tools/PromiseMemory"
         ),

@@ -23,9 +23,15 @@ BENCH_FILTER   ?=
 BENCH_RUNS     ?= 1
 PYTHON         ?= python3
 # package-benchmark's plugin; writes only under Benchmarks/.build.
-BENCH_RUN       = $(SWIFT) package --allow-writing-to-directory .build benchmark --no-progress --format jmh
+BENCH_RUN       = $(SWIFT) package $(BENCH_PACKAGE_FLAGS) --allow-writing-to-directory .build benchmark --no-progress --format jmh
 # The memory cases: bytes per held promise, ours and NIO's, in one process (JSON for bench.py).
-BENCH_MEMORY    = $(SWIFT) build -c release --product PromiseMemory && .build/release/PromiseMemory --json
+BENCH_MEMORY    = $(SWIFT) build $(BENCH_PACKAGE_FLAGS) -c release --product PromiseMemory && \
+                  "$$($(SWIFT) build $(BENCH_PACKAGE_FLAGS) -c release --show-bin-path)/PromiseMemory" --json
+# bench-check and bench-thresholds read our promise's figures alone: built without the trait
+# NIOBaselines (so without SwiftNIO), in a build folder of their own, so that they and
+# `make bench` do not rebuild each other's.
+BENCH_PACKAGE_FLAGS :=
+bench-check bench-thresholds: BENCH_PACKAGE_FLAGS := --scratch-path .build/gates --disable-default-traits
 CASE           ?= settle-one/promise
 # valgrind 3.19 gives up on the DWARF 5 that Swift 6.3 emits: callgrind runs a copy of the
 # release binary without debug info (function names come from the symbol table).

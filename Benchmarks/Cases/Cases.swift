@@ -1,5 +1,4 @@
 import Dispatch
-import NIOCore
 import Promise
 
 /// One measured body: `ops` operations of `name` (the case) done by `impl` (our promise or a
@@ -79,16 +78,6 @@ let settleOne: [Case] = [
             p.fulfill(i)
         }
     }),
-    Case("settle-one", "nio", ops: settleOneOps, .sync {
-        Loops.onLoop {
-            let loop = Loops.nio
-            for i in 0..<settleOneOps {
-                let p = loop.makePromise(of: Int.self)
-                p.futureResult.whenSuccess { sink($0) }
-                p.succeed(i)
-            }
-        }
-    }),
     Case("settle-one", "lock", ops: settleOneOps, .sync {
         for i in 0..<settleOneOps {
             let p = LockPromise<Int>.make()
@@ -102,7 +91,7 @@ let settleOne: [Case] = [
             sink(v)
         }
     }),
-]
+] + nioSettleOne
 
 // 2. chain-1000: a 1000-step map chain built on a pending promise, then settled; per step.
 let chainLength = 1000
@@ -120,20 +109,7 @@ let chain: [Case] = [
             sink(tail)
         }
     }),
-    Case("chain-1000", "nio", ops: chainLength * chainsPerRun, .sync {
-        Loops.onLoop {
-            for _ in 0..<chainsPerRun {
-                let root = Loops.nio.makePromise(of: Int.self)
-                var tail = root.futureResult
-                for _ in 0..<chainLength {
-                    tail = tail.map { $0 + 1 }
-                }
-                root.succeed(0)
-                sink(tail)
-            }
-        }
-    }),
-]
+] + nioChain
 
 // 3. fan-out-1000: one promise, 1000 observers, settled; per observer.
 let fanOutWidth = 1000
@@ -149,17 +125,6 @@ let fanOut: [Case] = [
             p.fulfill(1)
         }
     }),
-    Case("fan-out-1000", "nio", ops: fanOutWidth * fanOutsPerRun, .sync {
-        Loops.onLoop {
-            for _ in 0..<fanOutsPerRun {
-                let p = Loops.nio.makePromise(of: Int.self)
-                for _ in 0..<fanOutWidth {
-                    p.futureResult.whenSuccess { sink($0) }
-                }
-                p.succeed(1)
-            }
-        }
-    }),
     Case("fan-out-1000", "lock", ops: fanOutWidth * fanOutsPerRun, .sync {
         for _ in 0..<fanOutsPerRun {
             let p = LockPromise<Int>.make()
@@ -169,7 +134,7 @@ let fanOut: [Case] = [
             p.fulfill(1)
         }
     }),
-]
+] + nioFanOut
 
 // 4. contended: two threads register observers on the same pending promises while a
 // third settles them. An operation is one registration or one settle (3 per promise).
@@ -187,18 +152,6 @@ let contended: [Case] = [
             }
         }
     }),
-    Case("contended", "nio-off-loop", ops: 3 * contendedPromises, .prepared {
-        let promises = (0..<contendedPromises).map { _ in Loops.nio.makePromise(of: Int.self) }
-        return {
-            let register: @Sendable () -> Void = {
-                for p in promises { p.futureResult.whenSuccess { sink($0) } }
-            }
-            ThreeThreads.shared.run(register, register) {
-                for (i, p) in promises.enumerated() { p.succeed(i) }
-            }
-            Loops.drain()  // the loop runs the callbacks: wait until it has
-        }
-    }),
     Case("contended", "lock", ops: 3 * contendedPromises, .prepared {
         let promises = (0..<contendedPromises).map { _ in LockPromise<Int>.make() }
         return {
@@ -210,7 +163,7 @@ let contended: [Case] = [
             }
         }
     }),
-]
+] + nioContended
 
 // 4b. observe-settled: a continuation registered on an already fulfilled promise.
 let observeOps = 10_000
@@ -222,26 +175,10 @@ let observeSettled: [Case] = [
             sink(p.then(on: .immediate) { $0 + 1 })
         }
     }),
-    Case("observe-settled:then", "nio", ops: observeOps, .sync {
-        Loops.onLoop {
-            let f = Loops.nio.makeSucceededFuture(1)
-            for _ in 0..<observeOps {
-                sink(f.map { $0 + 1 })
-            }
-        }
-    }),
     Case("observe-settled:whenComplete", "promise", ops: observeOps, .sync {
         let p = Promise(value: 1)
         for _ in 0..<observeOps {
             p.whenComplete(on: .immediate) { sink($0) }
-        }
-    }),
-    Case("observe-settled:whenComplete", "nio", ops: observeOps, .sync {
-        Loops.onLoop {
-            let f = Loops.nio.makeSucceededFuture(1)
-            for _ in 0..<observeOps {
-                f.whenSuccess { sink($0) }
-            }
         }
     }),
     Case("observe-settled:whenComplete", "lock", ops: observeOps, .sync {
@@ -251,7 +188,7 @@ let observeSettled: [Case] = [
             p.whenComplete { sink($0) }
         }
     }),
-]
+] + nioObserveSettled
 
 // 5. queue-hop: then(on: serialQueue) end to end (create, register, fulfil, the handler
 // runs on the queue) against a bare queue.async of the same work.
@@ -324,19 +261,7 @@ let timeoutAnswered: [Case] = [
             sink(answer)
         }
     }),
-    Case("timeout:answered", "nio", ops: timeoutOps, .sync {
-        Loops.onLoop {
-            let loop = Loops.nio
-            for i in 0..<timeoutOps {
-                let request = loop.makePromise(of: Int.self)
-                let timer = loop.scheduleTask(in: .seconds(30)) { request.fail(BenchTimedOut()) }
-                request.futureResult.whenComplete { _ in timer.cancel() }
-                request.succeed(i)
-                sink(request.futureResult)
-            }
-        }
-    }),
-]
+] + nioTimeoutAnswered
 
 // 8. allocations: what one call costs in mallocs (times are printed too).
 let allocOps = 10_000
@@ -347,14 +272,6 @@ let allocations: [Case] = [
     Case("alloc:Promise()", "promise", ops: allocOps, .sync {
         for _ in 0..<allocOps { escape(Promise<Int>()) }
     }),
-    Case("alloc:Promise()", "nio", ops: allocOps, .sync {
-        Loops.onLoop {
-            for _ in 0..<allocOps {
-                // (NIO's leak check, which wants every promise completed, is debug-only.)
-                escape(Loops.nio.makePromise(of: Int.self).futureResult)
-            }
-        }
-    }),
     Case("alloc:Promise()", "lock", ops: allocOps, .sync {
         for _ in 0..<allocOps { escape(LockPromise<Int>.make()) }
     }),
@@ -364,27 +281,12 @@ let allocations: [Case] = [
         for _ in 0..<allocOps { p.then(on: .immediate) { $0 + 1 } }
         p.fulfill(1)
     }),
-    Case("alloc:then", "nio", ops: allocOps, .sync {
-        Loops.onLoop {
-            let p = Loops.nio.makePromise(of: Int.self)
-            for _ in 0..<allocOps { sink(p.futureResult.map { $0 + 1 }) }
-            p.succeed(1)
-        }
-    }),
     // then, closure capturing one reference.
     Case("alloc:then-1-ref", "promise", ops: allocOps, .sync {
         let p = Promise<Int>()
         let box = Box()
         for _ in 0..<allocOps { p.then(on: .immediate) { $0 + box.value } }
         p.fulfill(1)
-    }),
-    Case("alloc:then-1-ref", "nio", ops: allocOps, .sync {
-        Loops.onLoop {
-            let p = Loops.nio.makePromise(of: Int.self)
-            let box = Box()
-            for _ in 0..<allocOps { sink(p.futureResult.map { $0 + box.value }) }
-            p.succeed(1)
-        }
     }),
     // then, closure capturing two values (a context allocation of its own).
     Case("alloc:then-2-captures", "promise", ops: allocOps, .sync {
@@ -393,25 +295,10 @@ let allocations: [Case] = [
         for i in 0..<allocOps { p.then(on: .immediate) { $0 + box.value + i } }
         p.fulfill(1)
     }),
-    Case("alloc:then-2-captures", "nio", ops: allocOps, .sync {
-        Loops.onLoop {
-            let p = Loops.nio.makePromise(of: Int.self)
-            let box = Box()
-            for i in 0..<allocOps { sink(p.futureResult.map { $0 + box.value + i }) }
-            p.succeed(1)
-        }
-    }),
     Case("alloc:whenComplete", "promise", ops: allocOps, .sync {
         let p = Promise<Int>()
         for _ in 0..<allocOps { p.whenComplete(on: .immediate) { sink($0) } }
         p.fulfill(1)
-    }),
-    Case("alloc:whenComplete", "nio", ops: allocOps, .sync {
-        Loops.onLoop {
-            let p = Loops.nio.makePromise(of: Int.self)
-            for _ in 0..<allocOps { p.futureResult.whenComplete { sink($0) } }
-            p.succeed(1)
-        }
     }),
     Case("alloc:whenComplete", "lock", ops: allocOps, .sync {
         let p = LockPromise<Int>.make()
@@ -429,16 +316,4 @@ let allocations: [Case] = [
             }
         }
     }),
-    Case("alloc:all-8-inputs", "nio", ops: allInputs * allRounds, .prepared {
-        let inputs = (0..<allRounds).map { _ in (0..<allInputs).map { _ in Loops.nio.makePromise(of: Int.self) } }
-        return {
-            Loops.onLoop {
-                for round in inputs {
-                    let all = EventLoopFuture.whenAllSucceed(round.map(\.futureResult), on: Loops.nio)
-                    for (i, p) in round.enumerated() { p.succeed(i) }
-                    sink(all)
-                }
-            }
-        }
-    }),
-]
+] + nioAllocations

@@ -1,7 +1,5 @@
 import Dispatch
 import Foundation
-import NIOCore
-import NIOPosix
 
 /// Keeps a value alive as far as the optimiser knows, at the cost of one call.
 @inline(never)
@@ -16,22 +14,6 @@ nonisolated(unsafe) private var escaped: AnyObject?
 @inline(never)
 public func escape(_ object: AnyObject) {
     escaped = object
-}
-
-/// The event loop every NIO baseline runs on: one thread of its own.
-public enum Loops {
-    public static let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-    public static let nio: any EventLoop = group.next()
-
-    /// Runs `body` on the loop and waits for it (one hop per batch, not per operation).
-    public static func onLoop(_ body: @escaping @Sendable () -> Void) {
-        try! nio.submit(body).wait()
-    }
-
-    /// Returns once every task submitted to the loop before this call has run.
-    public static func drain() {
-        try! nio.submit {}.wait()
-    }
 }
 
 /// Serial queues for the queue-hop and async-bridge cases.

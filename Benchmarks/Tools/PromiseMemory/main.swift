@@ -8,10 +8,14 @@
 // the difference over `count` is what one item costs, malloc's rounding and headers
 // included. Deterministic for a given binary and libc, unlike the resident set or time.
 // The retention case reports the bytes a held settled leaf keeps instead (not per item).
+// NIO's rows need the package trait NIOBaselines (on by default; `make bench-check`, which
+// gates ours only, builds without it).
 import CMallocInfo
 import Foundation
+#if NIOBaselines
 import NIOCore
 import NIOPosix
+#endif
 import Promise
 
 cmi_use_one_arena()  // before any thread starts: the loop's allocations must be counted too
@@ -47,6 +51,7 @@ func perItem<Item>(_ build: () -> Item, release: ([Item]) -> Void) -> Double {
     return Double(after - before) / Double(count)
 }
 
+#if NIOBaselines
 let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 let loop = group.next()
 
@@ -54,6 +59,7 @@ let loop = group.next()
 func onLoop<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
     try! loop.submit(body).wait()
 }
+#endif
 
 struct Held<T>: @unchecked Sendable { var value: T }
 
@@ -63,11 +69,13 @@ var rows: [Row] = []
 rows.append(Row(case: "mem:root", impl: "promise", bytes: perItem({ Promise<Int>() }) { roots in
     for root in roots { root.fulfill(0) }
 }, perItem: true))
+#if NIOBaselines
 rows.append(Row(case: "mem:root", impl: "nio", bytes: onLoop {
     Held(value: perItem({ loop.makePromise(of: Int.self) }) { promises in
         for promise in promises { promise.succeed(0) }
     })
 }.value, perItem: true))
+#endif
 
 // A pending root with two observers.
 rows.append(Row(case: "mem:root+2-observers", impl: "promise", bytes: perItem({ () -> Promise<Int> in
@@ -78,6 +86,7 @@ rows.append(Row(case: "mem:root+2-observers", impl: "promise", bytes: perItem({ 
 }) { roots in
     for root in roots { root.fulfill(0) }
 }, perItem: true))
+#if NIOBaselines
 // NIO's futures have no context to choose: one measurement serves both rows.
 let nioTwoObservers = onLoop {
     Held(value: perItem({ () -> EventLoopPromise<Int> in
@@ -90,6 +99,7 @@ let nioTwoObservers = onLoop {
     })
 }.value
 rows.append(Row(case: "mem:root+2-observers", impl: "nio", bytes: nioTwoObservers, perItem: true))
+#endif
 
 // The same with both observers on `.default`, what `whenComplete` without `on:` makes: the
 // first in the root's own slot, the second in a box. They run on the default queue once
@@ -124,7 +134,9 @@ rows.append(Row(case: "mem:root+2-observers-default", impl: "promise", bytes: pe
     for root in roots { root.fulfill(0) }
     defaultRuns.awaitRuns(2 * roots.count)
 }, perItem: true))
+#if NIOBaselines
 rows.append(Row(case: "mem:root+2-observers-default", impl: "nio", bytes: nioTwoObservers, perItem: true))
+#endif
 
 // A pending root and one child, both held.
 rows.append(Row(case: "mem:root+then", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
@@ -133,6 +145,7 @@ rows.append(Row(case: "mem:root+then", impl: "promise", bytes: perItem({ () -> (
 }) { pairs in
     for (root, _) in pairs { root.fulfill(0) }
 }, perItem: true))
+#if NIOBaselines
 let nioMapChild = onLoop {
     Held(value: perItem({ () -> (EventLoopPromise<Int>, EventLoopFuture<Int>) in
         let promise = loop.makePromise(of: Int.self)
@@ -142,6 +155,7 @@ let nioMapChild = onLoop {
     })
 }.value
 rows.append(Row(case: "mem:root+then", impl: "nio", bytes: nioMapChild, perItem: true))
+#endif
 
 // The same with the child on `.default`, what a `then` without `on:` makes.
 rows.append(Row(case: "mem:root+then-default", impl: "promise", bytes: perItem({ () -> (Promise<Int>, Promise<Int>) in
@@ -154,7 +168,9 @@ rows.append(Row(case: "mem:root+then-default", impl: "promise", bytes: perItem({
     for (root, _) in pairs { root.fulfill(0) }
     defaultRuns.awaitRuns(pairs.count)
 }, perItem: true))
+#if NIOBaselines
 rows.append(Row(case: "mem:root+then-default", impl: "nio", bytes: nioMapChild, perItem: true))
+#endif
 
 // What a settled race keeps while its other input stays pending: `race([work, shutdown])` in
 // a loop, each `work` settled at once, nothing but `shutdown` held. Per race, over `count`
@@ -177,6 +193,7 @@ do {
     }, perItem: true))
     shutdown.fulfill(0)
 }
+#if NIOBaselines
 rows.append(Row(case: "mem:settled-race-on-pending-input", impl: "nio", bytes: onLoop {
     final class Once: @unchecked Sendable { var done = false }
     let shutdown = loop.makePromise(of: Int.self)
@@ -196,6 +213,7 @@ rows.append(Row(case: "mem:settled-race-on-pending-input", impl: "nio", bytes: o
     shutdown.succeed(0)
     return kept
 }, perItem: true))
+#endif
 
 // What a held settled leaf keeps: a chain of `.immediate` steps from a root fulfilled with a
 // large value; only the leaf is held once the chain settled.
@@ -214,6 +232,7 @@ rows.append(Row(case: "mem:settled-leaf-of-chain", impl: "promise", bytes: keptB
     root.fulfill([UInt8](repeating: 1, count: rootValueBytes))
     return step
 }, { (try? $0.wait()) ?? -1 }), perItem: false))
+#if NIOBaselines
 rows.append(Row(case: "mem:settled-leaf-of-chain", impl: "nio", bytes: onLoop {
     Held(value: keptByLeaf({ () -> EventLoopFuture<Int> in
         let root = loop.makePromise(of: [UInt8].self)
@@ -230,6 +249,7 @@ rows.append(Row(case: "mem:settled-leaf-of-chain", impl: "nio", bytes: onLoop {
 }.value, perItem: false))
 
 try! group.syncShutdownGracefully()
+#endif
 
 if CommandLine.arguments.contains("--json") {
     let encoder = JSONEncoder()
