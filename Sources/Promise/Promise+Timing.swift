@@ -23,9 +23,9 @@ extension Duration {
 ///
 /// Two kinds, one behaviour. By default (`after`, `delay`, `timeout` and `retry` without a
 /// `clock:`) an entry on the library's Dispatch timer heap (`TimerHeap`), whose cancel
-/// takes it off the heap, with `work`, at once. With a `clock:`, a Task that sleeps on that
-/// clock (so a test's manual clock drives it without sleeping), and whose cancel ends the
-/// sleep; PromiseNIO's `timeout(_:on:)` schedules on an event loop, which takes its task
+/// takes it off the heap, with `work`, at once; also with the system's clocks passed as
+/// `clock:`. With any other `clock:`, a Task that sleeps on that clock (so a test's manual
+/// clock drives it without sleeping), and whose cancel ends the sleep; PromiseNIO's `timeout(_:on:)` schedules on an event loop, which takes its task
 /// back too.
 ///
 /// In the last two, and for a timer due at once, `work` (and what it captures: the promise
@@ -91,6 +91,12 @@ struct PromiseTimer: Sendable {
     /// down, say) cannot time anything: `clockFailed` runs instead of `work`, with its
     /// error, so that the promise the timer would settle settles all the same rather than
     /// leave its callers waiting for ever.
+    ///
+    /// The system's clocks (`ContinuousClock`, the default, and `SuspendingClock`) time on
+    /// the Dispatch heap, as with no `clock:`, counted from now: a Task's sleep and what
+    /// runs after it wait for the concurrency pool, which blocked work may hold, where
+    /// the heap's lanes do not (code that takes a clock for its tests passes the
+    /// continuous clock in production, and must not lose that).
     init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void,
                    clockFailed: @escaping @Sendable (any Error) -> Void) where C.Duration == Duration {
         let interval = clock.now.duration(to: deadline)
@@ -102,6 +108,10 @@ struct PromiseTimer: Sendable {
             // Due: no sleep (a clock's sleep traps on a deadline past Int64's nanoseconds,
             // in the past as in the future).
             self = PromiseTimer(sendingAtOnce: work)
+            return
+        }
+        if C.self == ContinuousClock.self || C.self == SuspendingClock.self {
+            self.init(after: interval, work)
             return
         }
         let box = TimerWork(work)
@@ -310,7 +320,9 @@ extension Promise {
     ///
     /// If the clock's `sleep` throws although the timer was not cancelled, the child
     /// rejects with that error (unless this promise settled it first): a clock that cannot
-    /// sleep cannot time it out.
+    /// sleep cannot time it out. On `ContinuousClock` or `SuspendingClock` it is timed as
+    /// `timeout(_:)` is, so it too fires while Dispatch's global pool is blocked; on
+    /// another clock, by a Task that sleeps on it, which runs on the concurrency pool.
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
         timeout(interval) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }

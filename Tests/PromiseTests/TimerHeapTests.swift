@@ -204,6 +204,42 @@ final class TimerHeapTests: XCTestCase {
         XCTAssertTrue(receiver.isPending)
     }
 
+    /// The same with the system's clocks passed as `clock:` (what code that takes a clock
+    /// for its tests passes in production): they time on the heap too. (Each was a Task
+    /// sleeping on the clock, which waited for the concurrency pool.)
+    func testTimersOnTheSystemClocksFireWhileTheGlobalPoolIsBlocked() {
+        let blockers = 64
+        let release = DispatchSemaphore(value: 0)
+        let started = Countdown(1)
+        let finished = Countdown(blockers)
+        for _ in 0..<blockers {
+            DispatchQueue.global().async {
+                started.countDown()
+                release.wait()
+                finished.countDown()
+            }
+        }
+        defer {
+            for _ in 0..<blockers { release.signal() }
+            XCTAssertTrue(finished.wait(), "the blocking work never finished")
+        }
+        XCTAssertTrue(started.wait(), "Dispatch ran none of the global work")
+
+        let fired = Countdown(6)
+        let receiver = Promise<Int>()
+        func observe<V>(_ promise: Promise<V>) {
+            promise.whenComplete(on: .immediate) { _ in fired.countDown() }
+        }
+        observe(receiver.timeout(.milliseconds(20), clock: ContinuousClock()))
+        observe(receiver.timeout(.milliseconds(20), clock: SuspendingClock()))
+        observe(receiver.timeout(until: ContinuousClock.now + .milliseconds(20), clock: ContinuousClock()))
+        observe(Promise.after(.milliseconds(20), clock: ContinuousClock()))
+        observe(Promise.after(.milliseconds(20), clock: SuspendingClock()))
+        observe(Promise(value: 1).delay(.milliseconds(20), clock: ContinuousClock()))
+        XCTAssertTrue(fired.wait(timeout: 5), "timers on a system clock waited for the global pool")
+        XCTAssertTrue(receiver.isPending)
+    }
+
     /// A timer's `.immediate` handler that blocks holds its lane, and the timers set after
     /// it go to the others: eight timers set one after the other, then a burst of eight due
     /// together, all fire on time while the first handler still blocks. (With the lanes
