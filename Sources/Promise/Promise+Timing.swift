@@ -386,8 +386,10 @@ extension Promise {
             return child
         }
         if rejectingAtOnceIfPast && interval <= .zero {
-            // Settled early, as by the timer: it leaves this promise as such children do.
+            // Settled early, as by the timer: it leaves this promise as such children do,
+            // and counts as reading this promise's error (see the hook below).
             child.reject(PromiseError.timedOut)
+            noteErrorSeen()
             return child
         }
         let follower = TimeoutFollower(child: child)
@@ -401,9 +403,15 @@ extension Promise {
         // child nobody reads is reported as any unread rejection, and its description
         // shows no observer waiting. (Not generic over the value either: a `whenComplete`
         // here cost three runtime metadata lookups per timeout.)
-        OutcomeHook { _ in
+        //
+        // A child settled before this promise (timed out, cancelled, settled by hand)
+        // counts as reading this promise's error, as a combinator does its inputs': a
+        // backend that fails after its request timed out is no unhandled rejection. Found
+        // through the child's link up, which holds no reference: this promise may still
+        // die pending and break the child.
+        OutcomeHook { child in
             timer.cancel()
-            _ = list.remove(follower)
+            if list.remove(follower) { child.parentIfAlive?.noteErrorSeen() }
         }.register(on: child)
         return child
     }

@@ -176,6 +176,38 @@ final class DiagnosticsTests: XCTestCase {
         for id in 31...37 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
     }
 
+    /// A `timeout` child that settled first (timed out, at once for a deadline past, or
+    /// cancelled) counts as reading its receiver's later error, as a combinator does its
+    /// inputs': a backend that fails after its request timed out is no unhandled
+    /// rejection. (Found by an adversarial pass: each was reported.)
+    func testATimeoutChildSettledFirstCountsAsReadingItsReceiversLaterError() throws {
+        do {
+            let fetch = Promise<Int>()
+            let answer = fetch.timeout(.milliseconds(1)).recover(on: .immediate) { _ in -1 }
+            XCTAssertEqual(try answer.wait(timeout: testTimeout), -1)
+            fetch.reject(Marker(id: 41))
+        }
+        do {
+            let fetch = Promise<Int>()
+            let answer = fetch.timeout(until: ContinuousClock.now - .seconds(1)).recover(on: .immediate) { _ in -1 }
+            XCTAssertEqual(try answer.wait(timeout: testTimeout), -1)
+            fetch.reject(Marker(id: 42))
+        }
+        do {
+            let fetch = Promise<Int>()
+            let child = fetch.timeout(.seconds(30))
+            child.cancel()
+            fetch.reject(Marker(id: 43))
+        }
+        do {  // the receiver's error came first: the child read it, as before
+            let fetch = Promise<Int>()
+            let answer = fetch.timeout(.seconds(30)).recover(on: .immediate) { _ in -1 }
+            fetch.reject(Marker(id: 44))
+            XCTAssertEqual(try answer.wait(timeout: testTimeout), -1)
+        }
+        for id in 41...44 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
+    }
+
     func testAThenChildNobodyObservesIsReportedAndItsParentIsNot() {
         do {
             let parent = Promise<Int>()
