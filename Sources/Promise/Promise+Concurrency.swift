@@ -50,14 +50,21 @@ extension Promise {
     /// Cancelling the awaiting Task cancels only this waiter, which then throws
     /// `CancellationError` and leaves the promise at once (a long-lived promise awaited by
     /// many cancelled Tasks keeps none of them): the promise and its other observers are
-    /// untouched. An already settled promise returns without suspending.
+    /// untouched. An already settled promise returns without suspending, and an awaiting
+    /// actor keeps running: the getter runs on the caller's executor (it is
+    /// `nonisolated(nonsending)`, with Swift 6.2 and later; built by 6.0 or 6.1 it hops to
+    /// the generic executor and back, as any nonisolated `async` member did then).
+    #if compiler(>=6.2)
+    @inlinable
+    nonisolated(nonsending) public var value: Value {
+        get async throws { try await awaitOutcomeOrSettled().get() }
+    }
+    #else
     @inlinable
     public var value: Value {
-        get async throws {
-            if let settled = settledResult { return try settled.get() }  // no suspension
-            return try await awaitOutcome().get()
-        }
+        get async throws { try await awaitOutcomeOrSettled().get() }
     }
+    #endif
 
     /// The outcome as a `Result`, awaited without blocking a thread. If the awaiting
     /// Task is cancelled first, the waiter gets `.failure(CancellationError())` and the
@@ -69,17 +76,32 @@ extension Promise {
     /// case .failure(let error): report(error)
     /// }
     /// ```
+    ///
+    /// Runs on the caller's executor, as `value` does.
+    #if compiler(>=6.2)
+    @inlinable
+    nonisolated(nonsending) public var result: Result<Value, any Error> {
+        get async { await awaitOutcomeOrSettled() }
+    }
+    #else
     @inlinable
     public var result: Result<Value, any Error> {
-        get async {
-            if let settled = settledResult { return settled }  // no suspension
-            return await awaitOutcome()
-        }
+        get async { await awaitOutcomeOrSettled() }
+    }
+    #endif
+
+    /// The outcome: at once, without suspending, if the promise has settled; else once it
+    /// does or the awaiting Task is cancelled. On the caller's executor (`isolation`).
+    @inlinable
+    func awaitOutcomeOrSettled(isolation: isolated (any Actor)? = #isolation) async -> Result<Value, any Error> {
+        if let settled = settledResult { return settled }  // no suspension
+        return await awaitOutcome()
     }
 
-    /// Suspends until the promise settles or the awaiting Task is cancelled.
+    /// Suspends until the promise settles or the awaiting Task is cancelled, on the
+    /// caller's executor (`isolation`): the awaiting actor resumes without a hop.
     @usableFromInline
-    func awaitOutcome() async -> Result<Value, any Error> {
+    func awaitOutcome(isolation: isolated (any Actor)? = #isolation) async -> Result<Value, any Error> {
         // One allocation: an entry of the promise's waiter list (see `RareState`). The
         // list's lock decides whether the outcome or the Task's cancellation gets there
         // first (cancelling never touches the promise, and a cancelled waiter leaves the

@@ -4,10 +4,46 @@ import Promise
 
 private struct Boom: Error, Equatable {}
 
+/// Tells whether an await gave up the actor: a job queued on it before the await can run
+/// only if the await suspends and lets the actor go.
+private actor InterleavingProbe {
+    private var interleaved = false
+    private func mark() { interleaved = true }
+
+    func valueInterleaves(_ promise: Promise<Int>) async throws -> (Int, Bool) {
+        interleaved = false
+        Task { self.mark() }
+        let value = try await promise.value
+        return (value, interleaved)
+    }
+
+    func resultInterleaves(_ promise: Promise<Int>) async -> Bool {
+        interleaved = false
+        Task { self.mark() }
+        _ = await promise.result
+        return interleaved
+    }
+}
+
 final class ConcurrencyTests: XCTestCase {
     func testAwaitValueOfSettledPromiseReturnsWithoutSuspending() async throws {
         let value = try await Promise(value: 7).value
         XCTAssertEqual(value, 7)
+    }
+
+    /// From an actor too: the getters run on the caller's executor, so an awaiting actor
+    /// is not given up (they hopped to the generic executor and back, letting a job queued
+    /// on the actor run in between; found by an adversarial pass).
+    func testAwaitingASettledPromiseFromAnActorKeepsTheActor() async throws {
+        let probe = InterleavingProbe()
+        let settled = Promise(value: 7)
+        for _ in 0..<20 {
+            let (value, interleaved) = try await probe.valueInterleaves(settled)
+            XCTAssertEqual(value, 7)
+            XCTAssertFalse(interleaved, "await of a settled promise's value gave up the actor")
+            let resultInterleaved = await probe.resultInterleaves(settled)
+            XCTAssertFalse(resultInterleaved, "await of a settled promise's result gave up the actor")
+        }
     }
 
     func testAwaitValueOfPendingPromiseSettledFromAnotherThread() async throws {
