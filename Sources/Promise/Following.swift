@@ -107,6 +107,23 @@ extension AnyPromise {
         return HeldMemory.promiseIfAlive(at: address)
     }
 
+    /// Where the cycle check last found this follower's run of follow links to end
+    /// (`WaitWalk`: a promise pending and following nothing, met through followers only),
+    /// its memory held; nil if none was recorded. Set once, so it stays valid while this
+    /// promise is alive.
+    final var followChainEndAddress: UnsafeMutableRawPointer? {
+        existingRareState.flatMap { UnsafeMutableRawPointer(bitPattern: loadWordAcquiring($0.chainEndWord)) }
+    }
+
+    /// Records `end` as where this follower's run of follow links ends, if nothing was
+    /// recorded yet (see `followChainEndAddress`).
+    final func recordFollowChainEnd(_ end: AnyPromise) {
+        let word = rareState.chainEndWord
+        guard loadWordAcquiring(word) == 0 else { return }
+        let address = HeldMemory.hold(Unmanaged.passUnretained(end))
+        if !publishWordOnce(word, address) { HeldMemory.release(UnsafeMutableRawPointer(bitPattern: address).unsafelyUnwrapped) }
+    }
+
     /// Called by a promise that locked in to follow `source`, recorded the link and
     /// registered on `source`: whether that closed a wait cycle through it. Nobody can
     /// wait on this promise without being registered on it (a pending child, a follower),
@@ -142,9 +159,7 @@ extension AnyPromise {
     /// combinator's links to its inputs are there before its output is returned, so
     /// before anyone can follow it.
     final func wouldWaitOnItself(following source: AnyPromise) -> Bool {
-        if source === self { return true }
-        var walk = WaitWalk(target: self)
-        return walk.reaches(from: source)
+        source === self || WaitWalk.waits(from: source, on: self)
     }
 
     /// Rejects this promise, claimed as FOLLOWING by this thread, with
@@ -237,8 +252,7 @@ extension AnyPromise {
     final func rejectAsCycleIfWaited(onBy step: AnyPromise) {
         fullFence()
         guard isPending else { return }
-        var walk = WaitWalk(target: self)
-        guard step === self || walk.reaches(from: step) else { return }
+        guard step === self || WaitWalk.waits(from: step, on: self) else { return }
         rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
     }
 }
@@ -275,6 +289,13 @@ struct WaitWalk {
     private let target: UnsafeMutableRawPointer
     private var budget = WaitWalk.budget
     private var branched = false
+    /// Whether the walk may skip along recorded ends of follow runs (see `waits`).
+    private let usesChainEnds: Bool
+    /// Whether it did, and the followers whose recorded end it took: taking one twice
+    /// means it went round a loop that skipped the target (see `waits`).
+    private var tookChainEnd = false
+    private var chainEndsTaken: Set<UnsafeMutableRawPointer> = []
+    private var loopedThroughChainEnds = false
     /// Once branched: the promises and aggregators met, which `kept` keeps alive for the
     /// walk, so that no address in the set is reused by another object meanwhile.
     private var seen: Set<UnsafeMutableRawPointer> = []
@@ -285,8 +306,38 @@ struct WaitWalk {
     /// nesting limit's "cannot tell" (two followers of one `all`, say).
     private var asked: [UnsafeMutableRawPointer] = []
 
-    init(target: AnyPromise) {
+    init(target: AnyPromise, usesChainEnds: Bool = false) {
         self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
+        self.usesChainEnds = usesChainEnds
+    }
+
+    /// Whether `source` waits on `target` (the promise that locks in): the walk from a
+    /// lock-in or a run's new step.
+    ///
+    /// Linear chains of followers, however they were built: a chain built inner-first
+    /// whose every level is observed before it locks in walks, at each new level, the
+    /// whole chain below it, which made such chains quadratic. So, before it branches,
+    /// the walk records, at the first follower of each run of follow links it walks,
+    /// where the run ended (a pending promise that follows nothing: a root, a child
+    /// waiting on its parent, a combinator's output), and a later walk that meets that
+    /// follower skips there. Links are written once, so while every follower of the run
+    /// is still pending the skip leads where the links would; a follower of it that
+    /// settled ends its chain for the exact walk, which the skip does not see. So the
+    /// skipping walk reaches everything the exact one does, and more only through
+    /// followers settled meanwhile (which stop waiting): its "no" is exact, and a "yes"
+    /// that took a skip is asked again of the exact walk. The skip may also jump over the
+    /// target itself, when another walk recorded the run while the target was locking in:
+    /// then the walk goes round a loop of skips (a cycle through the target, seen from
+    /// after it) and takes one skip twice, and the exact walk answers instead. Each
+    /// follower records one end, once; the end it holds (by its memory) may be stale, and
+    /// the walk goes on from there. Cost: a chain walked inner-first takes O(1) steps per
+    /// new level, and one allocation (the follower's rare state) per recorded end.
+    static func waits(from source: AnyPromise, on target: AnyPromise) -> Bool {
+        var walk = WaitWalk(target: target, usesChainEnds: true)
+        let reached = walk.reaches(from: source)
+        guard walk.tookChainEnd && (reached || walk.loopedThroughChainEnds) else { return reached }
+        var exact = WaitWalk(target: target)
+        return exact.reaches(from: source)
     }
 
     /// Where a promise's single links end.
@@ -342,6 +393,10 @@ struct WaitWalk {
     private mutating func follow(from start: AnyPromise, claim startClaim: UInt? = nil, remembering: Bool) -> End {
         var current = start
         var claimRead = startClaim
+        // The first follower of the run of follow links being walked, and how many links
+        // the run has taken (see `waits`): unbranched walks that skip only.
+        var runStart: AnyPromise? = nil
+        var runLinks = 0
         while true {
             let next: UnsafeMutableRawPointer?
             let claim = claimRead ?? current.claimHint
@@ -349,18 +404,40 @@ struct WaitWalk {
             if claim == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
-                next = current.followeeAddress
+                if usesChainEnds && !branched {
+                    if runStart == nil { runStart = current }
+                    runLinks += 1
+                    if let end = current.followChainEndAddress {
+                        let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
+                        guard chainEndsTaken.insert(taken).inserted else {
+                            loopedThroughChainEnds = true
+                            return .elsewhere
+                        }
+                        tookChainEnd = true
+                        next = end
+                    } else {
+                        next = current.followeeAddress
+                    }
+                } else {
+                    next = current.followeeAddress
+                }
             } else if !current.isPending {
                 return .elsewhere
-            } else if let parent = current.parentAddress {
-                // A child waits on its parent while it is pending, unless something else
-                // settles it too (`timeout`'s timer).
-                guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
-                next = parent
-            } else if let settler = current.settlerIfAlive {
-                return .combinator(settler, output: current)
             } else {
-                return .elsewhere
+                // Pending and following nothing: the run of follow links ends here.
+                if let first = runStart, runLinks >= 2 { first.recordFollowChainEnd(current) }
+                runStart = nil
+                runLinks = 0
+                if let parent = current.parentAddress {
+                    // A child waits on its parent while it is pending, unless something
+                    // else settles it too (`timeout`'s timer).
+                    guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
+                    next = parent
+                } else if let settler = current.settlerIfAlive {
+                    return .combinator(settler, output: current)
+                } else {
+                    return .elsewhere
+                }
             }
             guard let next else { return .elsewhere }
             if next == target { return .target }

@@ -112,8 +112,8 @@ final class RareState: @unchecked Sendable {
     // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
     // value stays 0), a root's followee word (see `AnyPromise.followeeWord`) and a run
     // output's link to its run (`runWord`). A tuple keeps them in this order.
-    private final var header: Header = (pc_node(), 0, 0, 0)
-    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt)
+    private final var header: Header = (pc_node(), 0, 0, 0, 0)
+    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt, chainEnd: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
     private var sourceRetain: Unmanaged<AnyPromise>?
     /// The reason of a cancel forwarded through the promise after it had settled: written
@@ -142,6 +142,16 @@ final class RareState: @unchecked Sendable {
     deinit {
         if let aggregatorMemory { SwiftRuntime.unownedRelease(aggregatorMemory) }
         if let run = UnsafeMutableRawPointer(bitPattern: runWord.pointee) { SwiftRuntime.unownedRelease(run) }
+        if let end = UnsafeMutableRawPointer(bitPattern: chainEndWord.pointee) { HeldMemory.release(end) }
+    }
+
+    /// A promise that follows another: where the cycle check last found its run of
+    /// follow links to end (`WaitWalk`), by its memory (held, as `HeldMemory` holds a
+    /// promise's); 0 until then. Set once (`pc_word_publish`), never changed, so a reader
+    /// that holds this promise may try it.
+    final var chainEndWord: UnsafeMutablePointer<UInt> {
+        (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.chainEnd)!)
+            .assumingMemoryBound(to: UInt.self)
     }
 
     /// A run's output only (`retry`, `sequence`): the run's object the cycle check asks

@@ -260,6 +260,40 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(start), 60)
     }
 
+    /// The same with every level observed before it locks in (the lock-in of a promise
+    /// others wait on runs the cycle check, which walked the whole chain below at each
+    /// level: quadratic, over two minutes for 100,000 levels in release; found by an
+    /// adversarial pass), by a handler's returned promise and by `resolve(with:)`.
+    func testInnerFirstNestingObservedAtEveryLevelIsLinear() {
+        let levels = 100_000
+        let start = Date()
+        do {
+            let innermost = Promise<Int>()
+            let triggers = (0..<levels).map { _ in Promise<Int>() }
+            var below = innermost
+            var outermost = innermost
+            for trigger in triggers {
+                let level = below
+                let next = trigger.flatMap(on: .immediate) { _ in level }
+                next.whenComplete(on: .immediate) { _ in }
+                below = next
+                outermost = next
+            }
+            for trigger in triggers { trigger.fulfill(0) }  // the levels lock in, inner first
+            innermost.fulfill(7)
+            XCTAssertEqual(try outermost.wait(timeout: .seconds(10)), 7)
+        }
+        do {
+            let chain = (0...levels).map { _ in Promise<Int>() }
+            for promise in chain { promise.whenComplete(on: .immediate) { _ in } }
+            for index in stride(from: levels - 1, through: 0, by: -1) { chain[index].resolve(with: chain[index + 1]) }
+            chain[levels].fulfill(8)
+            XCTAssertEqual(try chain[0].wait(timeout: .seconds(10)), 8)
+        }
+        // Generous for a debug build under a sanitizer; quadratic took minutes.
+        XCTAssertLessThan(Date().timeIntervalSince(start), 60)
+    }
+
     /// The cycle check still sees a cycle closed at the far end of a long chain.
     func testCycleAtTheEndOfALongFollowChainIsSeen() {
         let innermost = Promise<Int>()
