@@ -92,7 +92,12 @@ final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     /// Settles the child as the receiver settled; a cancel forwarded to the receiver (or
     /// above it) before the child claimed wins, as for any handler's child. From a broken
     /// stand-in (the receiver died pending) there is nothing above to look at.
+    ///
+    /// The child reads the receiver's error even if it settled first (timed out, say, or
+    /// settled by hand inside the handler that rejected the receiver, before this came):
+    /// a `timeout` child counts as reading it, as a combinator counts for its inputs.
     override func deliver(from source: AnyPromise) {
+        if source.publishedTag == UInt(PC_REJECTED) { source.noteErrorSeen() }
         child.adoptOutcome(of: source, lookingAbove: child.parentAddress == UnsafeMutableRawPointer(Unmanaged.passUnretained(source).toOpaque()) ? source : nil)
     }
 }

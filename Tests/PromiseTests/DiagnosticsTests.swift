@@ -205,7 +205,20 @@ final class DiagnosticsTests: XCTestCase {
             fetch.reject(Marker(id: 44))
             XCTAssertEqual(try answer.wait(timeout: testTimeout), -1)
         }
-        for id in 41...44 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
+        do {  // the child settled after the error, before it came (inside the handler that
+              // rejected the receiver: the waiter list delivers once the handler returned)
+            let gate = Promise<Void>()
+            let fetch = Promise<Int>()
+            let child = fetch.timeout(.seconds(30))
+            let step = gate.then(on: .immediate) { () -> Void in
+                fetch.reject(Marker(id: 45))
+                child.reject(PromiseError.timedOut)
+            }
+            gate.fulfill(())
+            try step.wait(timeout: testTimeout)
+            XCTAssertThrowsError(try child.wait(timeout: testTimeout))
+        }
+        for id in 41...45 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
     }
 
     func testAThenChildNobodyObservesIsReportedAndItsParentIsNot() {
