@@ -215,9 +215,10 @@ extension Promise where Value == Void {
     /// let due = Promise.after(.seconds(30), clock: testClock)   // fulfils when testClock is advanced
     /// ```
     ///
-    /// Cancelling it cancels the timer (the Task sleeping on the clock). If the clock's
-    /// `sleep` throws although the timer was not cancelled, the promise rejects with that
-    /// error: a clock that cannot sleep cannot time it.
+    /// Cancelling it cancels the timer. If the clock's `sleep` throws although the timer
+    /// was not cancelled, the promise rejects with that error: a clock that cannot sleep
+    /// cannot time it. On `ContinuousClock` or `SuspendingClock` it is timed as
+    /// `after(_:)` is (see `timeout(_:clock:)`).
     public static func after(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Void> {
         .fulfilling(()) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
@@ -262,7 +263,8 @@ extension Promise {
     /// ```
     ///
     /// If the clock's `sleep` throws although the timer was not cancelled, the child
-    /// rejects with that error.
+    /// rejects with that error. On `ContinuousClock` or `SuspendingClock` it is timed as
+    /// `delay(_:)` is (see `timeout(_:clock:)`).
     public func delay(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
         delay { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
@@ -321,8 +323,10 @@ extension Promise {
     /// If the clock's `sleep` throws although the timer was not cancelled, the child
     /// rejects with that error (unless this promise settled it first): a clock that cannot
     /// sleep cannot time it out. On `ContinuousClock` or `SuspendingClock` it is timed as
-    /// `timeout(_:)` is, so it too fires while Dispatch's global pool is blocked; on
-    /// another clock, by a Task that sleeps on it, which runs on the concurrency pool.
+    /// `timeout(_:)` is, so it too fires while Dispatch's global pool is blocked, counted
+    /// on Dispatch's clock (which, as `SuspendingClock`, does not count time the machine
+    /// sleeps); on another clock, by a Task that sleeps on it, which runs on the
+    /// concurrency pool.
     public func timeout(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
         timeout(interval) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
