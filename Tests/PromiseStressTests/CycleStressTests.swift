@@ -50,6 +50,62 @@ final class CycleStressTests: XCTestCase {
         }
     }
 
+    /// The same with chains of followers between the threads' links, built inner-first:
+    /// the cycle check records where runs of follow links end (as the chains are built, if
+    /// they are observed then, else in the threads' walks), and the walks of the threads
+    /// closing the ring skip along those ends, and record new ones, while the others lock
+    /// in (a recorded end may then jump over a walk's own promise: the walk must still
+    /// find the cycle).
+    func testRingsOfObservedChainsClosedByThreadsAtOnceAlwaysReject() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var rings = [0, 0, 0, 0]  // by the number of chains
+        var rejected = 0
+
+        runStressRounds("rings of observed follow chains closed by threads at once", invariants: [
+            "every promise of every chain ends rejected with PromiseError.cycle (none stays pending)",
+            "every promise of the round is freed",
+        ], details: {
+            "rings of 2 chains: \(rings[2]), of 3: \(rings[3]); rejected with cycle: \(rejected) promises"
+        }) { checker in
+            let round = checker.round
+            let size = 2 + round % 2
+            let length = 3 + round % 6
+            rings[size] += 1
+            // chains[c][length] is each chain's innermost; chains[c][0] its outermost.
+            let chains = (0..<size).map { _ in (0...length).map { _ in Promise<Int>() } }
+            // Observed as they are built (ends recorded then), or not (the first ends are
+            // recorded by the threads' walks, while the others lock in).
+            let observedWhileBuilt = round % 4 < 2
+            for chain in chains {
+                if observedWhileBuilt { for promise in chain { promise.whenComplete(on: .immediate) { _ in } } }
+                for index in stride(from: length - 1, through: 0, by: -1) { chain[index].resolve(with: chain[index + 1]) }
+            }
+            weak let weakFirst = chains[0][0]
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                guard seat < size else { return }
+                for _ in 0..<random.below(64) { _ = random.next() }
+                chains[seat][length].resolve(with: chains[(seat + 1) % size][0])
+            }
+            checker.check(finished, "round hung")
+            for (c, chain) in chains.enumerated() {
+                for (index, promise) in chain.enumerated() {
+                    let outcome = Result { try promise.wait(timeout: .seconds(20)) }
+                    guard case .failure(PromiseError.cycle) = outcome else {
+                        checker.fail("promise \(index) of chain \(c) (\(size) chains of \(length + 1)) ended \(outcome)")
+                        continue
+                    }
+                    rejected += 1
+                }
+            }
+            _ = consume chains
+            checker.check(weakFirst == nil, "the chains were not freed")
+            return true
+        }
+    }
+
     func testRingsThroughCombinatorsClosedAtOnceAlwaysSettle() {
         let crew = Crew(size: 2)
         defer { crew.stop() }
