@@ -116,7 +116,9 @@ extension AnyPromise {
     }
 
     /// Records `end` as where this follower's run of follow links ends, if nothing was
-    /// recorded yet (see `followChainEndAddress`).
+    /// recorded yet (see `followChainEndAddress`). The follower holds `end`'s memory (a
+    /// bare object once `end` died) until it dies itself, settled or not: one object
+    /// at most, as its followee link holds.
     final func recordFollowChainEnd(_ end: AnyPromise) {
         let word = rareState.chainEndWord
         guard loadWordAcquiring(word) == 0 else { return }

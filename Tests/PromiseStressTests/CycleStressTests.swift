@@ -10,6 +10,17 @@ import Foundation
 import Promise
 import XCTest
 
+/// Waits for `promise`: true if it ended rejected with `PromiseError.cycle`; else fails
+/// the round, saying what `what` ended with.
+private func endsInCycle(_ promise: Promise<Int>, _ checker: RoundChecker, _ what: @autoclosure () -> String) -> Bool {
+    let outcome = Result { try promise.wait(timeout: .seconds(20)) }
+    guard case .failure(PromiseError.cycle) = outcome else {
+        checker.fail("\(what()) ended \(outcome) (\(promise.state))")
+        return false
+    }
+    return true
+}
+
 final class CycleStressTests: XCTestCase {
     func testRingsClosedByThreadsAtOnceAlwaysReject() {
         let crew = Crew(size: 3)
@@ -36,12 +47,8 @@ final class CycleStressTests: XCTestCase {
                 ring[seat].resolve(with: ring[(seat + 1) % size])
             }
             checker.check(finished, "round hung")
-            for (index, promise) in ring.enumerated() {
-                let outcome = Result { try promise.wait(timeout: .seconds(20)) }
-                guard case .failure(PromiseError.cycle) = outcome else {
-                    checker.fail("promise \(index) of a ring of \(size) ended \(outcome) (\(promise.state))")
-                    continue
-                }
+            for (index, promise) in ring.enumerated()
+            where endsInCycle(promise, checker, "promise \(index) of a ring of \(size)") {
                 seenBy += 1
             }
             _ = consume ring
@@ -91,12 +98,8 @@ final class CycleStressTests: XCTestCase {
             }
             checker.check(finished, "round hung")
             for (c, chain) in chains.enumerated() {
-                for (index, promise) in chain.enumerated() {
-                    let outcome = Result { try promise.wait(timeout: .seconds(20)) }
-                    guard case .failure(PromiseError.cycle) = outcome else {
-                        checker.fail("promise \(index) of chain \(c) (\(size) chains of \(length + 1)) ended \(outcome)")
-                        continue
-                    }
+                for (index, promise) in chain.enumerated()
+                where endsInCycle(promise, checker, "promise \(index) of chain \(c) (\(size) chains of \(length + 1))") {
                     rejected += 1
                 }
             }

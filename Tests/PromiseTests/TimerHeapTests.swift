@@ -177,6 +177,21 @@ final class TimerHeapTests: XCTestCase {
     /// Dispatch gives a thread whatever the global pool is doing. Before, each due work
     /// went to a global queue, behind the blocked work: none of these fired in 5 s.
     func testTimersFireWhileTheGlobalPoolIsBlocked() {
+        blockingTheGlobalPool {
+            let fired = Countdown(4)
+            let receiver = Promise<Int>()
+            receiver.timeout(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
+            receiver.timeout(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
+            Promise.after(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
+            Promise.after(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
+            XCTAssertTrue(fired.wait(timeout: 5), "timers waited for the global pool")
+            XCTAssertTrue(receiver.isPending)
+        }
+    }
+
+    /// Runs `body` while 64 works block Dispatch's global pool (more than it runs at once
+    /// on a small machine), then lets them go.
+    private func blockingTheGlobalPool(_ body: () -> Void) {
         let blockers = 64  // more than Dispatch's global pool runs at once on a small machine
         let release = DispatchSemaphore(value: 0)
         let started = Countdown(1)
@@ -194,50 +209,28 @@ final class TimerHeapTests: XCTestCase {
         }
         XCTAssertTrue(started.wait(), "Dispatch ran none of the global work")
 
-        let fired = Countdown(4)
-        let receiver = Promise<Int>()
-        receiver.timeout(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
-        receiver.timeout(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
-        Promise.after(.milliseconds(20)).whenComplete(on: .immediate) { _ in fired.countDown() }
-        Promise.after(.zero).whenComplete(on: .immediate) { _ in fired.countDown() }
-        XCTAssertTrue(fired.wait(timeout: 5), "timers waited for the global pool")
-        XCTAssertTrue(receiver.isPending)
+        body()
     }
 
     /// The same with the system's clocks passed as `clock:` (what code that takes a clock
     /// for its tests passes in production): they time on the heap too. (Each was a Task
     /// sleeping on the clock, which waited for the concurrency pool.)
     func testTimersOnTheSystemClocksFireWhileTheGlobalPoolIsBlocked() {
-        let blockers = 64
-        let release = DispatchSemaphore(value: 0)
-        let started = Countdown(1)
-        let finished = Countdown(blockers)
-        for _ in 0..<blockers {
-            DispatchQueue.global().async {
-                started.countDown()
-                release.wait()
-                finished.countDown()
+        blockingTheGlobalPool {
+            let fired = Countdown(6)
+            let receiver = Promise<Int>()
+            func observe<V>(_ promise: Promise<V>) {
+                promise.whenComplete(on: .immediate) { _ in fired.countDown() }
             }
+            observe(receiver.timeout(.milliseconds(20), clock: ContinuousClock()))
+            observe(receiver.timeout(.milliseconds(20), clock: SuspendingClock()))
+            observe(receiver.timeout(until: ContinuousClock.now + .milliseconds(20), clock: ContinuousClock()))
+            observe(Promise.after(.milliseconds(20), clock: ContinuousClock()))
+            observe(Promise.after(.milliseconds(20), clock: SuspendingClock()))
+            observe(Promise(value: 1).delay(.milliseconds(20), clock: ContinuousClock()))
+            XCTAssertTrue(fired.wait(timeout: 5), "timers on a system clock waited for the global pool")
+            XCTAssertTrue(receiver.isPending)
         }
-        defer {
-            for _ in 0..<blockers { release.signal() }
-            XCTAssertTrue(finished.wait(), "the blocking work never finished")
-        }
-        XCTAssertTrue(started.wait(), "Dispatch ran none of the global work")
-
-        let fired = Countdown(6)
-        let receiver = Promise<Int>()
-        func observe<V>(_ promise: Promise<V>) {
-            promise.whenComplete(on: .immediate) { _ in fired.countDown() }
-        }
-        observe(receiver.timeout(.milliseconds(20), clock: ContinuousClock()))
-        observe(receiver.timeout(.milliseconds(20), clock: SuspendingClock()))
-        observe(receiver.timeout(until: ContinuousClock.now + .milliseconds(20), clock: ContinuousClock()))
-        observe(Promise.after(.milliseconds(20), clock: ContinuousClock()))
-        observe(Promise.after(.milliseconds(20), clock: SuspendingClock()))
-        observe(Promise(value: 1).delay(.milliseconds(20), clock: ContinuousClock()))
-        XCTAssertTrue(fired.wait(timeout: 5), "timers on a system clock waited for the global pool")
-        XCTAssertTrue(receiver.isPending)
     }
 
     /// A timer's `.immediate` handler that blocks holds its lane, and the timers set after
