@@ -40,6 +40,7 @@ extension Promise {
         OutcomeHook { _ in if first.claim() { task.cancel() } }.register(on: self)
     }
 
+    #if compiler(>=6.2)
     /// The value, awaited without blocking a thread; throws the promise's error (a
     /// cancelled promise throws its cancellation reason).
     ///
@@ -54,18 +55,20 @@ extension Promise {
     /// actor keeps running: the getter runs on the caller's executor (it is
     /// `nonisolated(nonsending)`, with Swift 6.2 and later; built by 6.0 or 6.1 it hops to
     /// the generic executor and back, as any nonisolated `async` member did then).
-    #if compiler(>=6.2)
     @inlinable
     nonisolated(nonsending) public var value: Value {
         get async throws { try await awaitOutcomeOrSettled().get() }
     }
     #else
+    /// The value, awaited without blocking a thread (see the declaration above, for
+    /// Swift 6.2 and later).
     @inlinable
     public var value: Value {
         get async throws { try await awaitOutcomeOrSettled().get() }
     }
     #endif
 
+    #if compiler(>=6.2)
     /// The outcome as a `Result`, awaited without blocking a thread. If the awaiting
     /// Task is cancelled first, the waiter gets `.failure(CancellationError())` and the
     /// promise is untouched.
@@ -78,12 +81,13 @@ extension Promise {
     /// ```
     ///
     /// Runs on the caller's executor, as `value` does.
-    #if compiler(>=6.2)
     @inlinable
     nonisolated(nonsending) public var result: Result<Value, any Error> {
         get async { await awaitOutcomeOrSettled() }
     }
     #else
+    /// The outcome as a `Result`, awaited without blocking a thread (see the declaration
+    /// above, for Swift 6.2 and later).
     @inlinable
     public var result: Result<Value, any Error> {
         get async { await awaitOutcomeOrSettled() }
