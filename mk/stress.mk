@@ -135,6 +135,7 @@ tsan-swift: deps
 	@echo "==> tsan-swift: swift test --sanitize=thread (PromiseTests and PromiseStressTests), $(SAN_KNOBS)"
 	$(call logged,$(TSAN_BUILD)/tsan-swift.log,$(SWIFT) build --build-tests --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS) && \
 		env $(SAN_KNOBS) $(TSAN_ENV) bash Scripts/test-in-two-shards.sh $(TSAN_BUILD)/tsan-swift \
+		"$$($(SWIFT) build --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS) --show-bin-path)" \
 		$(SWIFT) test --skip-build --sanitize=thread --scratch-path $(TSAN_BUILD) $(SWIFT_FLAGS))
 
 tsan: tsan-core tsan-swift
@@ -160,6 +161,7 @@ asan-swift: deps $(LSAN_SUPPRESSIONS_FILE)
 	$(call logged,$(ASAN_BUILD)/asan-swift.log,$(SWIFT) build --build-tests --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN) && \
 		env $(SAN_KNOBS) $(ASAN_ENV) LSAN_OPTIONS='suppressions=$(abspath $(LSAN_SUPPRESSIONS_FILE)) print_suppressions=1' \
 		bash Scripts/test-in-two-shards.sh $(ASAN_BUILD)/asan-swift \
+		"$$($(SWIFT) build --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN) --show-bin-path)" \
 		$(SWIFT) test --skip-build --sanitize=address --scratch-path $(ASAN_BUILD) $(SWIFT_WARN))
 
 asan: asan-core asan-swift
