@@ -293,9 +293,8 @@ struct WaitWalk {
     private var branched = false
     /// Whether the walk may skip along recorded ends of follow runs (see `waits`).
     private let usesChainEnds: Bool
-    /// Whether it did, and the followers whose recorded end it took: taking one twice
-    /// means it went round a loop that skipped the target (see `waits`).
-    private var tookChainEnd = false
+    /// The followers whose recorded end it took (none: it skipped nothing); taking one
+    /// twice means it went round a loop that skipped the target (see `waits`).
     private var chainEndsTaken: Set<UnsafeMutableRawPointer> = []
     private var loopedThroughChainEnds = false
     /// Once branched: the promises and aggregators met, which `kept` keeps alive for the
@@ -337,7 +336,7 @@ struct WaitWalk {
     static func waits(from source: AnyPromise, on target: AnyPromise) -> Bool {
         var walk = WaitWalk(target: target, usesChainEnds: true)
         let reached = walk.reaches(from: source)
-        guard walk.tookChainEnd && (reached || walk.loopedThroughChainEnds) else { return reached }
+        guard !walk.chainEndsTaken.isEmpty && (reached || walk.loopedThroughChainEnds) else { return reached }
         var exact = WaitWalk(target: target)
         return exact.reaches(from: source)
     }
@@ -406,20 +405,18 @@ struct WaitWalk {
             if claim == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
-                if usesChainEnds && !branched {
+                let skipping = usesChainEnds && !branched
+                if skipping {
                     if runStart == nil { runStart = current }
                     runLinks += 1
-                    if let end = current.followChainEndAddress {
-                        let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
-                        guard chainEndsTaken.insert(taken).inserted else {
-                            loopedThroughChainEnds = true
-                            return .elsewhere
-                        }
-                        tookChainEnd = true
-                        next = end
-                    } else {
-                        next = current.followeeAddress
+                }
+                if skipping, let end = current.followChainEndAddress {
+                    let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
+                    guard chainEndsTaken.insert(taken).inserted else {
+                        loopedThroughChainEnds = true
+                        return .elsewhere
                     }
+                    next = end
                 } else {
                     next = current.followeeAddress
                 }
