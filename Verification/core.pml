@@ -46,6 +46,9 @@
  *                   it (freeValueIfOnlyTheCascadeKeepsIt), against a reader that reaches it
  *                   through `parent` (a try-retain, then the flag) and keeps an unowned
  *                   reference of its own, and one that flips a weak reference to strong.
+ *   -DPARK_MODEL    a child's hold on its parent parked for the work its context will run
+ *                   (parkSettledParentForContext), against a cancel of the child that takes
+ *                   it first (dropHandlerParkedForContext) and the work, which may never run.
  *
  * Deliberately broken variants (each must FAIL, `make verify-broken`):
  *
@@ -97,6 +100,10 @@
  *                          the retirer frees the value right after setting the flag,
  *                          without a second snapshot; it reads the strong, weak and
  *                          unowned counts one after the other (Model "retire").
+ *   -DPARK_MODEL -DBROKEN_PARK_NO_RECHECK, -DBROKEN_PARK_NO_FENCE
+ *                          the parker sends the work without reading the claim after its
+ *                          store; it reads the claim before its store is visible (Model
+ *                          "park").
  *
  * Not a broken variant: -DDEFERRED_ORDER (`make verify-deferred-order`) adds what the
  * trampoline does with an .immediate observer's body (pc_defer in the fire callback, run
@@ -127,7 +134,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE_MODEL)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE_MODEL) && !defined(PARK_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -2688,5 +2695,102 @@ init {
     assert(strong == 0);
     assert(!retired || freed);
     assert(!skipped || freed)
+}
+#endif
+
+#ifdef PARK_MODEL
+/* ======================================================================================
+ * Model "park" (-DPARK_MODEL): a child C whose parent P has settled (fulfilled) and fired
+ * it, with C's handler to run on a context. The firing thread parks its hold on P in C's
+ * `settledParent` word, marked (parkSettledParentForContext: pc_word_store, pc_fence),
+ * then reads C's claim: still free, it sends the work; cancelled, it takes the hold back
+ * (pc_word_take_marked) and sends nothing. A canceller claims C (pc_claim FREE ->
+ * CANCELLED, a full CAS), then takes a marked hold (dropHandlerParkedForContext). The work,
+ * once sent, may run or never run (a suspended queue): it takes the hold (pc_word_take),
+ * and if it got it runs the handler, which claims C (FREE -> FULFILLED) unless the cancel
+ * came first. Whoever takes the hold releases it and the handler; the others leave both.
+ *
+ * Properties: the hold is taken at most once; when every process is done, a cancelled C
+ * has let go of it (taken once) whether or not the work ran, and a C that was not
+ * cancelled still has it parked unless the work ran; the handler runs at most once, only
+ * with the hold, and only if it claimed C.
+ *
+ * Broken variants (must FAIL):
+ *   -DBROKEN_PARK_NO_RECHECK  the parker sends the work without reading the claim: a
+ *                             cancel before the store finds nothing to take, and the hold
+ *                             waits for work that never runs.
+ *   -DBROKEN_PARK_NO_FENCE    the parker's claim load is satisfied before its store is
+ *                             visible (StoreLoad reordering without pc_fence): each side
+ *                             misses the other.
+ * ====================================================================================== */
+
+byte claim = FREE;       /* C's claim word */
+bit  parked = 0;         /* C's settledParent word holds the marked hold */
+bit  sent = 0;           /* the work was handed to the context */
+byte takes = 0;          /* how many took the hold (each releases P and the handler) */
+byte handlerRuns = 0;
+bit  workRan = 0;
+
+inline take_marked(got) {   /* pc_word_take_marked: one CAS from the marked value to 0 */
+    d_step { if :: parked -> parked = 0; takes++; got = 1 :: else -> got = 0 fi }
+}
+
+proctype Parker() {
+    bool got;
+    byte seen;
+#ifdef BROKEN_PARK_NO_FENCE
+    seen = claim;                                 /* the load, satisfied early... */
+    parked = 1;                                   /* ...before the store is visible */
+#else
+    parked = 1;                                   /* pc_word_store(marked hold); pc_fence */
+    seen = claim;                                 /* claimHint */
+#endif
+#ifdef BROKEN_PARK_NO_RECHECK
+    seen = FREE;
+#endif
+    if
+    :: seen == CANCELLED -> take_marked(got)      /* dropHandlerParkedForContext */
+    :: else -> sent = 1                           /* sendToContext */
+    fi
+}
+
+proctype Canceller() {
+    bool got;
+    bool won;
+    d_step { if :: claim == FREE -> claim = CANCELLED; won = 1 :: else -> won = 0 fi };
+    if
+    :: won -> take_marked(got)                    /* cancelOne: dropHandlerParkedForContext */
+    :: else
+    fi
+}
+
+proctype Work() {
+    bool got;
+end_unsent:
+    sent;                                         /* runs only once sent... */
+    if
+    :: skip                                       /* ...and maybe never */
+    :: d_step {                                   /* pc_word_take (takeSettledParentOnce) */
+           workRan = 1;
+           if :: parked -> parked = 0; takes++; got = 1 :: else -> got = 0 fi
+       };
+       if
+       :: got ->
+           d_step {                               /* runContinuation: the handler claims C */
+               if :: claim == FREE -> claim = FULFILLED; handlerRuns++ :: else fi
+           }
+       :: else
+       fi
+    fi
+}
+
+init {
+    atomic { run Parker(); run Canceller(); run Work() }
+    timeout;
+    assert(takes <= 1);
+    assert(handlerRuns <= 1);
+    assert(claim != CANCELLED || takes == 1);         /* a cancelled child keeps nothing */
+    assert(claim == CANCELLED || workRan || parked);  /* otherwise the hold waits for the work */
+    assert(handlerRuns == 0 || claim == FULFILLED)
 }
 #endif

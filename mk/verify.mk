@@ -99,6 +99,10 @@ $(eval $(call verify_run,lifetime-safety,pass,-DLIFETIME_MODEL,$(PAN_SAFETY),-m1
 # A cascade frees a kept step's value early, against readers through `parent`.
 $(eval $(call verify_run,retire-safety,pass,-DRETIRE_MODEL,$(PAN_SAFETY),-m100000))
 
+# A hold parked for a context's work, against a cancel that takes it and work that may
+# never run.
+$(eval $(call verify_run,park-safety,pass,-DPARK_MODEL,$(PAN_SAFETY),-m100000))
+
 # The holds words: two children going in flight under one parent while they settle.
 $(eval $(call verify_run,holds-safety,pass,-DHOLDS,$(PAN_SAFETY),-m100000))
 
@@ -135,6 +139,8 @@ $(eval $(call verify_run,broken-lifetime-early-child-unlinked,fail,-DLIFETIME_MO
 $(eval $(call verify_run,broken-retire-no-recheck,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_NO_RECHECK,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-separate-reads,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_SEPARATE_READS,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-flag-not-final,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_FLAG_NOT_FINAL,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-park-no-recheck,fail,-DPARK_MODEL -DBROKEN_PARK_NO_RECHECK,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-park-no-fence,fail,-DPARK_MODEL -DBROKEN_PARK_NO_FENCE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
 
 verify: verify-deps

@@ -866,6 +866,26 @@ uintptr_t pc_word_take(uintptr_t *word) {
     }
 }
 
+uintptr_t pc_word_take_marked(uintptr_t *word, uintptr_t mask) {
+    for (;;) {
+        /* seq_cst: this load decides, for an unmarked value, that there is nothing to
+         * take, and it is the load side of the Dekker pairing below (the caller's claim,
+         * a full CAS, came before it; see pc_word_load_after_rmw for why not acquire). */
+        AO_t seen = (AO_t)__atomic_load_n(word, __ATOMIC_SEQ_CST);
+        if ((seen & mask) == 0) {
+            return 0;
+        }
+        /* full: elects the one caller whose CAS moves the value to 0, and keeps the take
+         * in place among the caller's accesses, as in pc_word_take; and it is the
+         * read-modify-write of a Dekker pairing whose other side stores the value, fences,
+         * then reads what this caller's earlier full read-modify-write wrote (a child's
+         * claim: the overlay's parked parent hold). */
+        if (AO_compare_and_swap_full(PC_WORD(word), seen, (AO_t)0)) {
+            return (uintptr_t)seen;
+        }
+    }
+}
+
 uintptr_t pc_word_lock(uintptr_t *word) {
     for (unsigned failures = 0;; failures++) {
         /* No ordering: a guess for the CAS, which validates it. */

@@ -830,6 +830,12 @@ func takeWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
     pc_word_take(word)
 }
 
+/// `takeWord`, but only a value with a bit of `mask` set; 0, taking nothing, for any
+/// other (`pc_word_take_marked`).
+func takeWordIfMarked(_ word: UnsafeMutablePointer<UInt>, mask: UInt) -> UInt {
+    pc_word_take_marked(word, mask)
+}
+
 /// A one-shot election (`pc_once`): true for the one caller that set the flag.
 func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
     pc_once(flag)

@@ -61,7 +61,8 @@ struct Lineage {
 /// (`callerHoldsThroughDeferredWork`). Plain data, so that `Lineage` stays plain data: an
 /// `Unmanaged` (so that a dying promise can pass the retain on to
 /// `releaseOwnedLinksIteratively` without a strong copy that would hide whether the parent
-/// is uniquely referenced) and, in bit 0, whether it is borrowed.
+/// is uniquely referenced), in bit 0 whether it is borrowed, and in bit 1 whether it is
+/// parked for the work a context will run (`parked`).
 @usableFromInline
 struct ParentHold {
     @usableFromInline let word: UInt
@@ -84,6 +85,16 @@ struct ParentHold {
         ParentHold(word: UInt(bitPattern: parent.toOpaque()) | 1)
     }
 
+    /// A hold that owns one retain of `parent`, parked for the work a context will run:
+    /// that work takes it, unless a cancel of the child takes it first
+    /// (`parkSettledParentForContext`).
+    static func parked(_ parent: Unmanaged<AnyPromise>) -> ParentHold {
+        ParentHold(word: UInt(bitPattern: parent.toOpaque()) | parkedBit)
+    }
+
+    /// The bit that marks a parked hold.
+    static var parkedBit: UInt { 2 }
+
     @inlinable var isEmpty: Bool { word == 0 }
 
     /// Whether ending the hold releases nothing.
@@ -92,7 +103,7 @@ struct ParentHold {
     /// The parent (the hold must not be empty).
     @inlinable
     var parent: Unmanaged<AnyPromise> {
-        Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: word & ~1).unsafelyUnwrapped)
+        Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: word & ~3).unsafelyUnwrapped)
     }
 
     /// Ends the hold: releases the parent if the hold owns a retain (which may free it).
@@ -249,10 +260,21 @@ extension AnyPromise {
     /// that runs the work twice (a broken contract), even both runs at once, gives the hold
     /// to one run, and the other finds none and does nothing.
     final func takeSettledParentOnce() -> ParentHold {
+        ParentHold(word: takeWord(settledParentWord))
+    }
+
+    /// Takes `settledParent` only if it is parked (`ParentHold.parked`), atomically:
+    /// none if the context's work took it first, or if it is not parked (then it is the
+    /// settling thread's, which may be reading it).
+    final func takeParkedSettledParent() -> ParentHold {
+        ParentHold(word: takeWordIfMarked(settledParentWord, mask: ParentHold.parkedBit))
+    }
+
+    /// `settledParent`'s word, for the atomic accesses above and the park.
+    final var settledParentWord: UnsafeMutablePointer<UInt> {
         withLineage { lineage in
-            let word = (UnsafeMutableRawPointer(lineage) + MemoryLayout<Lineage>.offset(of: \.settledParent)!)
+            (UnsafeMutableRawPointer(lineage) + MemoryLayout<Lineage>.offset(of: \.settledParent)!)
                 .assumingMemoryBound(to: UInt.self)
-            return ParentHold(word: takeWord(word))
         }
     }
 

@@ -62,8 +62,9 @@ extension AnyPromise {
                 deferOnThisThread()  // runs right after the current firing, no recursion
                 return
             }
-            settledParent = .owning(Unmanaged.passRetained(source))  // until the handler is done
+            let parent = Unmanaged.passRetained(source)  // held until the handler is done
             if source.carriesCancelForDescendants {
+                settledParent = .owning(parent)
                 // The error side goes to the context now, in registration order with the
                 // other observers on it; cancelling this child itself is deferred (stack
                 // safety) but still happens before the settling call returns.
@@ -81,12 +82,15 @@ extension AnyPromise {
             // In flight after the parent settled: a later cancel must still reach us.
             enterFlight(parent: source)
             if source.carriesCancelForDescendants {
+                settledParent = .owning(parent)
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
-            } else {
+            } else if parkSettledParentForContext(parent) {
                 // The node's reference keeps this promise alive until `send` has returned:
                 // the work may run, and drop its own reference, before that.
                 sendToContext { self.runContinuationTakingParent(once: true) }
                 retained.release()
+            } else {
+                retained.release()  // cancelled meanwhile: no work left for the context
             }
         case .following:
             let tag = source.publishedTag
@@ -211,6 +215,37 @@ extension AnyPromise {
         if firedInlineChild && !hold.isBorrowed && keepParentUntilCascadeEnds(hold.parent) { return handedOn }
         hold.end()  // may free the parent, and iteratively the chain above it
         return handedOn
+    }
+
+    /// Parks the hold on `parent` (one retain, the caller's) for the work this child is
+    /// about to send to its context; false if the child was cancelled first, which the
+    /// work would find, doing nothing: then the hold and the handler are let go here.
+    ///
+    /// The work takes the hold when it runs, maybe much later (a busy or suspended queue,
+    /// the main queue of a program that never runs it). A cancel of the child before then
+    /// means the handler will never run (a cancelled child's handler runs only to give a
+    /// cancelled parent its error side, and this parent settled otherwise), so the cancel
+    /// takes the hold and the handler at once (`dropHandlerParkedForContext`): the
+    /// parent's value and the handler's captures do not wait for the context. A Dekker
+    /// pairing decides who does, so that one of the two always sees the other: this
+    /// thread stores the hold, fences and reads the claim; the cancel claims (a full CAS)
+    /// and then reads the hold. Of the cancel, this check and the work, one takes it.
+    final func parkSettledParentForContext(_ parent: Unmanaged<AnyPromise>) -> Bool {
+        storeWord(settledParentWord, ParentHold.parked(parent).word)
+        fullFence()
+        guard claimHint == UInt(PC_CANCELLED) else { return true }
+        dropHandlerParkedForContext()
+        return false
+    }
+
+    /// A cancel's part of `parkSettledParentForContext`, called for every derived promise
+    /// a cancel settles: lets go of the parent and the handler if they are parked for a
+    /// context (the handler unrun, with its captures, on this thread); nothing otherwise.
+    final func dropHandlerParkedForContext() {
+        let hold = takeParkedSettledParent()
+        guard !hold.isEmpty else { return }
+        continuation = nil
+        hold.end()  // may free the parent, and iteratively the chain above it
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first

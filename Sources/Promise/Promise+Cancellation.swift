@@ -49,6 +49,8 @@ extension AnyPromise {
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
             if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append((followee, reason)) }
             leavePendingSources(claimedFrom: from)
+            // A handler waiting on its context will not run: it and the parent go now.
+            if !isRoot { dropHandlerParkedForContext() }
         } else if isClaimedAsCancel && !isCancelled {
             // Another cancel claimed this promise and has not published yet. Every promise
             // claimed as cancelled walks its registry once published (its own `cancelOne`,

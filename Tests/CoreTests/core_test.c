@@ -1757,31 +1757,43 @@ static void gate_summary(void *context, unsigned long rounds) {
     printf("\n");
 }
 
-/* ---- pc_word_take: one value, one taker ------------------------------------------- */
+/* ---- pc_word_take, pc_word_take_marked: one value, one taker ---------------------- */
 
-enum { TAKE_THREADS = 4 };
+/* Odd threads take only a marked value (pc_word_take_marked, TAKE_MARK); odd rounds
+ * store a marked one. */
+enum { TAKE_THREADS = 4, TAKE_MARK = 2 };
 
 typedef struct {
     uintptr_t word;
     atomic_uint takers;
     atomic_uintptr_t taken;
+    atomic_uint unmarked_taken_by_marked_taker;
     unsigned long taken_by[TAKE_THREADS];
 } take_context;
 
+static uintptr_t take_value(unsigned long round) {
+    return (uintptr_t)(round * 8 + 8) | (round % 2 != 0 ? TAKE_MARK : 0);  /* never 0 */
+}
+
 static void take_prepare(void *context, unsigned long round) {
     take_context *t = context;
-    t->word = (uintptr_t)(round * 8 + 8);  /* never 0 */
+    t->word = take_value(round);
     atomic_store(&t->takers, 0);
     atomic_store(&t->taken, 0);
+    atomic_store(&t->unmarked_taken_by_marked_taker, 0);
 }
 
 static void take_play(void *context, unsigned me, unsigned long round) {
     take_context *t = context;
     spin_for((unsigned)((round * 17 + me * 53) % 200));
-    uintptr_t value = pc_word_take(&t->word);
+    bool marked_only = me % 2 != 0;
+    uintptr_t value = marked_only ? pc_word_take_marked(&t->word, TAKE_MARK) : pc_word_take(&t->word);
     if (value != 0) {
         atomic_fetch_add(&t->takers, 1);
         atomic_store(&t->taken, value);
+        if (marked_only && (value & TAKE_MARK) == 0) {
+            atomic_fetch_add(&t->unmarked_taken_by_marked_taker, 1);
+        }
         t->taken_by[me] += 1;
     }
 }
@@ -1789,7 +1801,8 @@ static void take_play(void *context, unsigned me, unsigned long round) {
 static void take_check(void *context, unsigned long round, verdict *v) {
     take_context *t = context;
     CHECK(v, atomic_load(&t->takers) == 1, "%u takers", atomic_load(&t->takers));
-    CHECK(v, atomic_load(&t->taken) == (uintptr_t)(round * 8 + 8), "took another value");
+    CHECK(v, atomic_load(&t->taken) == take_value(round), "took another value");
+    CHECK(v, atomic_load(&t->unmarked_taken_by_marked_taker) == 0, "a marked-only taker took an unmarked value");
     CHECK(v, t->word == 0, "the word is not 0 after the take");
 }
 
@@ -1869,7 +1882,7 @@ int main(void) {
 
     static take_context takes;
     const stress_test word_take = {
-        "word take: one value, one taker", TAKE_THREADS, 20000,
+        "word take, marked or not: one value, one taker", TAKE_THREADS, 20000,
         take_prepare, take_play, take_check, take_summary,
     };
     run_stress(&word_take, &takes);

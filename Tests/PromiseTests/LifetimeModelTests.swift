@@ -544,6 +544,70 @@ final class LifetimeModelTests: XCTestCase {
         }
     }
 
+    /// A child cancelled while its handler waits on a context that does not run (a
+    /// suspended queue, a suspended `OperationQueue`) keeps nothing above it: its parent,
+    /// with the parent's value, and its handler's captures go at the cancel, not when the
+    /// context gets to the work; the handler never runs. Cancelled directly, and by a
+    /// cancel of the settled parent flowing down.
+    func testCancelledChildrenQueuedOnAStalledContextKeepNothingAbove() {
+        let queue = heldQueue()
+        let operations = OperationQueue()
+        operations.isSuspended = true
+        let contexts: [any ExecutionContext] = [queue, operations]
+        let ran = Counter()
+        for context in contexts {
+            for cancelParent in [false, true] {
+                let tracker = LifeTracker()
+                var children: [Promise<Int>] = []
+                for round in 0..<100 {
+                    let parent = Promise<Payload>()
+                    let captured = Payload(bytes: [1], tracker: tracker)
+                    let child = parent.then(on: context) { value -> Int in
+                        ran.increment()
+                        return value.bytes.count + captured.bytes.count
+                    }
+                    parent.fulfill(Payload(bytes: [UInt8](repeating: 1, count: 1 << 12), tracker: tracker))
+                    if cancelParent { parent.cancel() } else { child.cancel(reason: Reason(tag: round)) }
+                    XCTAssertTrue(child.isCancelled)
+                    children.append(child)
+                }
+                XCTAssertEqual(tracker.alive, 0, "cancelled children waiting on \(context) keep their parents' values or their handlers' captures")
+                XCTAssertTrue(children.allSatisfy { $0.parent == nil }, "a cancelled child keeps its parent")
+            }
+        }
+        queue.resume()
+        operations.isSuspended = false
+        queue.sync {}
+        operations.waitUntilAllOperationsAreFinished()
+        XCTAssertEqual(ran.value, 0, "the handler of a cancelled child ran")
+    }
+
+    /// The same while the parent's fire, which hands the child to its stalled queue, and
+    /// the child's cancel race on two threads: whichever comes first, the parent's value
+    /// goes once the test lets the parent go, with the queue still stalled.
+    func testACancelRacingTheHandOffToAStalledQueueKeepsNothingAbove() {
+        final class Parents: @unchecked Sendable { var promises: [Promise<Payload>] = [] }
+        let rounds = 2_000
+        let queue = heldQueue()
+        let tracker = LifeTracker()
+        let parents = Parents()
+        parents.promises = (0..<rounds).map { _ in Promise<Payload>() }
+        let children = parents.promises.map { parent in parent.then(on: queue) { $0.bytes.count } }
+        let finished = raceOnThreads(threads: 2, rounds: rounds) { thread, round in
+            if thread == 0 {
+                parents.promises[round].fulfill(Payload(bytes: [1], tracker: tracker))
+            } else {
+                children[round].cancel()
+            }
+        }
+        XCTAssertTrue(finished)
+        parents.promises = []
+        XCTAssertTrue(children.allSatisfy { $0.isCancelled })
+        XCTAssertEqual(tracker.alive, 0, "a cancelled child waiting on a stalled queue keeps its parent's value")
+        queue.resume()
+        queue.sync {}
+    }
+
     /// A promise made to follow a long-lived one with `resolve(with:)`, then cancelled,
     /// leaves it: a root's box and a child's lock-in alike, and the long-lived promise is
     /// untouched (it is not the follower's to cancel).

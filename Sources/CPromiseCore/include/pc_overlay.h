@@ -18,6 +18,7 @@
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
  *   pc_word_take    any thread                       lock-free (CAS loop; ends once the word is 0)
+ *   pc_word_take_marked                              (the same; or once it is unmarked)
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
  *   pc_word_store,
  *   pc_word_unlock
@@ -152,6 +153,14 @@ void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
  * across the caller's neighbouring accesses to what the value stands for.
  */
 uintptr_t pc_word_take(uintptr_t *_Nonnull word);
+
+/*
+ * pc_word_take, but only a value that has a bit of `mask` set (0, taking nothing, for any
+ * other): for a word whose value is sometimes another thread's to take through a
+ * hand-off and sometimes anyone's (a parent hold parked for a context's work, which a
+ * cancel of the child may take first). Full, as pc_word_take.
+ */
+uintptr_t pc_word_take_marked(uintptr_t *_Nonnull word, uintptr_t mask);
 
 /*
  * Takes the word's lock, spinning (then yielding) while another thread holds it, and
