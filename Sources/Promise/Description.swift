@@ -35,9 +35,10 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     ///
     /// The parent reads `parent released` once it is gone (a settled promise does not
     /// keep its parent: see `parent`) and `root` for a promise without one. It says
-    /// whether observers are waiting (not those that gave up, nor `onCancel` handlers),
-    /// not how many: it looks at them while it holds the list for a moment, as a prune
-    /// does, and stops at the first that waits.
+    /// whether observers are waiting (not those that gave up, nor what waits only for a
+    /// cancel: `onCancel` handlers, the error side of a child already settled), not how
+    /// many: it looks at them while it holds the list for a moment, as a prune does, and
+    /// stops at the first that waits.
     public final var debugDescription: String {
         let waiting = anyObserverWaits ? "observers waiting" : "no observers waiting"
         let up: String
@@ -54,9 +55,9 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
 
     /// Whether an observer still waits for this promise: not those that gave up (a
     /// timed-out `wait`, the slot of a combinator that settled without it, a cancelled
-    /// child) nor `onCancel` handlers (see `nodeWaitsForAnOutcome`). The nodes are looked
-    /// at while a prune that keeps them all holds the stack; if another prune holds it,
-    /// or the promise settles meanwhile, the stack's emptiness answers.
+    /// child) nor what waits only for a cancel (see `nodeWaitsForAnOutcome`). The nodes
+    /// are looked at while a prune that keeps them all holds the stack; if another prune
+    /// holds it, or the promise settles meanwhile, the stack's emptiness answers.
     private var anyObserverWaits: Bool {
         guard hasWaitingObservers else { return false }
         var look = ObserverLook(promise: Unmanaged.passUnretained(self))

@@ -132,10 +132,15 @@ extension AnyPromise {
     /// initialiser stored (on a parent's list), or already taken before the node went on
     /// to a followee's.
     final var waitsForNothing: Bool {
-        // Settled otherwise before its parent: only once its link walk is done
-        // (`leavePendingParent`).
-        let takesNothing = claimHint == UInt(PC_CANCELLED) || treeFlags & TreeFlag.leftParent != 0
-        return takesNothing && continuation?.hasErrorSide != true
+        takesNoOutcome && continuation?.hasErrorSide != true
+    }
+
+    /// Whether this promise's own node takes no outcome from the promise it is registered
+    /// on: it was cancelled, or settled otherwise before its parent (only once its link
+    /// walk is done, `leavePendingParent`). Its handler's error side, if any, then waits
+    /// only for a cancel of the parent (see `waitsForNothing`).
+    final var takesNoOutcome: Bool {
+        claimHint == UInt(PC_CANCELLED) || treeFlags & TreeFlag.leftParent != 0
     }
 
     /// A derived promise settled early, by its holder or by the promise `resolve(with:)`

@@ -77,8 +77,9 @@ extension AnyPromise {
     /// Whether any of `detached` still waits: any node but a waiter list whose waiters all
     /// gave up (a timed-out `wait` leaves nobody waiting), the observers a prune would
     /// have taken off (`observerHasGivenUp`: whether one is still listed depends only on
-    /// when the last prune ran), and `onCancel` handlers, which wait for a cancel that
-    /// freeing is not. For the broken-promise report.
+    /// when the last prune ran), and what waits only for a cancel, which freeing is not:
+    /// `onCancel` handlers, and the error side of a child that settled otherwise (a prune
+    /// keeps it, for that cancel). For the broken-promise report.
     private final func anyoneWaits(on detached: UnsafeMutablePointer<pc_node>) -> Bool {
         var node: UnsafeMutablePointer<pc_node>? = detached
         while let current = node {
@@ -95,6 +96,9 @@ extension AnyPromise {
         if nodeFires(node, through: observerBoxFire),
            !CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)._withUnsafeGuaranteedRef({ $0.waitsForOutcome }) {
             return false
+        }
+        if nodeFires(node, through: promiseNodeFire) {
+            return !AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { $0.takesNoOutcome }
         }
         return !observerHasGivenUp(node, nil)
     }

@@ -278,6 +278,33 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(events(about: "Promise<BrokenMarker>").count, 0, "\(events.values)")
     }
 
+    /// Nor one whose only observers are children with an error side that settled
+    /// otherwise (cancelled, or settled by their holder): that side waits for a cancel of
+    /// the parent, for clean-up, which freeing is not; nothing receives the broken
+    /// promise's error, and `debugDescription` says that no observer waits.
+    func testAPendingPromiseWhoseChildrenSettledOtherwiseIsNotBroken() {
+        let ran = Counter()
+        var descriptions: [String] = []
+        for count in [1, 9] {
+            do {
+                let parent = Promise<BrokenMarker>()
+                for _ in 0..<count { parent.catch(on: .immediate) { _ in ran.increment() }.cancel() }
+                descriptions.append(parent.debugDescription)
+            }
+            do {
+                let parent = Promise<BrokenMarker>()
+                for _ in 0..<count {
+                    parent.recover(on: .immediate) { _ -> BrokenMarker in ran.increment(); return BrokenMarker() }
+                        .fulfill(BrokenMarker())
+                }
+                descriptions.append(parent.debugDescription)
+            }
+        }
+        XCTAssertEqual(events(about: "Promise<BrokenMarker>").count, 0, "\(events.values)")
+        XCTAssertEqual(ran.value, 0, "an error side ran on a promise that was freed")
+        for description in descriptions { XCTAssertTrue(description.contains("no observers waiting"), description) }
+    }
+
     func testACycleIsReportedOnce() throws {
         let a = Promise<CycleMarker>(), b = Promise<CycleMarker>()
         a.resolve(with: b)
