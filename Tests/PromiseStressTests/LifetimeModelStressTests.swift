@@ -19,7 +19,10 @@
 //     `.immediate` child runs there, while the root is cancelled: a child whose handler saw
 //     the cancel return before it returned ends cancelled with that reason;
 //   - a follow chain a million levels deep built inner-first (in `make stress`), which
-//     settles with the innermost value.
+//     settles with the innermost value;
+//   - a cancel of a child racing its parent's fire, which hands the child to its queue,
+//     and (in some rounds) the queue running: a cancelled child keeps neither its parent's
+//     value nor its handler once the round lets the parent go, even with its queue held.
 import Dispatch
 import Foundation
 import Promise
@@ -336,6 +339,73 @@ final class LifetimeModelStressTests: XCTestCase {
                 checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
                 checker.check(child.isCancelled, "the child ended \(child.state)")
                 cancelled += 1
+            }
+            return true
+        }
+    }
+}
+
+extension LifetimeModelStressTests {
+    private final class Tracked: Sendable { let value: Int; init(_ value: Int) { self.value = value } }
+    private final class WeakTracked: @unchecked Sendable { weak var object: Tracked? }
+
+    func testACancelRacingTheHandOffToAQueueKeepsNothingAbove() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var cancelledHeld = 0, handlerFirst = 0, cancelledRunning = 0
+
+        runStressRounds("a child's cancel racing its parent's fire (the hand-off to its queue) and the queue", invariants: [
+            "with its queue held, the child ends cancelled and keeps neither its parent's value nor its handler's captures",
+            "with its queue running, the child ends fulfilled by its handler or cancelled, and its handler runs at most once",
+        ], details: {
+            "held: \(cancelledHeld) cancelled; running: \(handlerFirst) handlers first, \(cancelledRunning) cancelled"
+        }) { checker in
+            let round = checker.round
+            let queueRuns = round % 2 != 0
+            let queue = DispatchQueue(label: "LifetimeModelStressTests.handOff")
+            queue.suspend()
+            let value = WeakTracked(), captured = WeakTracked()
+            let runs = Locked(0)
+            var parent: Promise<Tracked>? = Promise<Tracked>()
+            let child: Promise<Int> = {
+                let capture = Tracked(round)
+                captured.object = capture
+                return parent.unsafelyUnwrapped.then(on: queue) { tracked -> Int in
+                    runs.withLock { $0 += 1 }
+                    return tracked.value + capture.value
+                }
+            }()
+            let finished = crew.play { [parent] seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(300))
+                switch seat {
+                case 0:
+                    let tracked = Tracked(round)
+                    value.object = tracked
+                    parent.unsafelyUnwrapped.fulfill(tracked)
+                case 1: child.cancel(reason: Reason(round: round))
+                default: if queueRuns { queue.resume() }
+                }
+            }
+            checker.check(finished, "round hung")
+            parent = nil
+            if queueRuns {
+                queue.sync {}
+                let ran = runs.withLock { $0 }
+                checker.check(ran <= 1, "the handler ran \(ran) times")
+                if child.isCancelled { cancelledRunning += 1 } else {
+                    checker.check(child.isFulfilled && ran == 1, "the child ended \(child.state), its handler ran \(ran) times")
+                    handlerFirst += 1
+                }
+            } else {
+                checker.check(child.isCancelled, "the child ended \(child.state) with its queue held")
+                checker.check(value.object == nil, "the cancelled child keeps its parent's value with its queue held")
+                checker.check(captured.object == nil, "the cancelled child keeps its handler's captures with its queue held")
+                cancelledHeld += 1
+                queue.resume()
+                queue.sync {}
+                checker.check(runs.withLock { $0 } == 0, "the handler of a cancelled child ran")
             }
             return true
         }
