@@ -2705,7 +2705,9 @@ init {
  * `settledParent` word, marked (parkSettledParentForContext: pc_word_store, pc_fence),
  * then reads C's claim: still free, it sends the work; cancelled, it takes the hold back
  * (pc_word_take_marked) and sends nothing. A canceller claims C (pc_claim FREE ->
- * CANCELLED, a full CAS), then takes a marked hold (dropHandlerParkedForContext). The work,
+ * CANCELLED, a full CAS), then takes a marked hold (dropHandlerParkedForContext): `cancel`,
+ * or C adopting a cancel from a promise it follows, or a claim turned into a cancel, whose
+ * claim moves to CANCELLED from FOLLOWING or an outcome the same way. The work,
  * once sent, may run or never run (a suspended queue): it takes the hold (pc_word_take),
  * and if it got it runs the handler, which claims C (FREE -> FULFILLED) unless the cancel
  * came first. Whoever takes the hold releases it and the handler; the others leave both.

@@ -270,6 +270,14 @@ extension AnyPromise {
         ParentHold(word: takeWordIfMarked(settledParentWord, mask: ParentHold.parkedBit))
     }
 
+    /// `settledParent` of a child whose handler runs on a context, read and written
+    /// atomically: a cancel on another thread may look at it (`takeParkedSettledParent`).
+    /// An `.immediate` child's, which no other thread touches, is plain.
+    final var settledParentOfContextChild: ParentHold {
+        get { ParentHold(word: loadWordAcquiring(settledParentWord)) }
+        set { storeWord(settledParentWord, newValue.word) }
+    }
+
     /// `settledParent`'s word, for the atomic accesses above and the park.
     final var settledParentWord: UnsafeMutablePointer<UInt> {
         withLineage { lineage in

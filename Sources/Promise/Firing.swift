@@ -64,7 +64,7 @@ extension AnyPromise {
             }
             let parent = Unmanaged.passRetained(source)  // held until the handler is done
             if source.carriesCancelForDescendants {
-                settledParent = .owning(parent)
+                settledParentOfContextChild = .owning(parent)
                 // The error side goes to the context now, in registration order with the
                 // other observers on it; cancelling this child itself is deferred (stack
                 // safety) but still happens before the settling call returns.
@@ -82,7 +82,7 @@ extension AnyPromise {
             // In flight after the parent settled: a later cancel must still reach us.
             enterFlight(parent: source)
             if source.carriesCancelForDescendants {
-                settledParent = .owning(parent)
+                settledParentOfContextChild = .owning(parent)
                 deferOnThisThread()  // a cancel arrived while we linked: take the cancel path
             } else if parkSettledParentForContext(parent) {
                 // The node's reference keeps this promise alive until `send` has returned:
@@ -117,7 +117,7 @@ extension AnyPromise {
         case .continuation:
             // The common case first, without a strong copy of the parent (a retain and a
             // release) or building an optional error: no cancel to pass down.
-            let held = settledParent
+            let held = runsHandlerInline ? settledParent : settledParentOfContextChild
             guard !held.isEmpty, let reason = held.parent._withUnsafeGuaranteedRef({ parent in
                 parent.carriesCancelForDescendants ? parent.cancelReasonForDescendants : nil
             }) else {
@@ -128,7 +128,7 @@ extension AnyPromise {
             }
             // The hold on the parent is this thread's from here: ended when this returns,
             // after the handler's error side if it runs here.
-            let hold = takeSettledParent()
+            let hold = runsHandlerInline ? takeSettledParent() : takeSettledParentOnce()
             defer { hold.end() }
             return hold.parent._withUnsafeGuaranteedRef { parent in
                 // Cancellation flows down at once, whatever context the handler runs on. A
@@ -239,9 +239,13 @@ extension AnyPromise {
     }
 
     /// A cancel's part of `parkSettledParentForContext`, called for every derived promise
-    /// a cancel settles: lets go of the parent and the handler if they are parked for a
-    /// context (the handler unrun, with its captures, on this thread); nothing otherwise.
+    /// that ends cancelled (by `cancel`, or by a cancel it adopted or turned its claim
+    /// into: `passOnClaimedCancel`): lets go of the parent and the handler if they are
+    /// parked for a context (the handler unrun, with its captures, on this thread);
+    /// nothing otherwise. An `.immediate` child parks nothing, and its word is its firing
+    /// thread's alone: not even looked at.
     final func dropHandlerParkedForContext() {
+        guard !runsHandlerInline else { return }
         let hold = takeParkedSettledParent()
         guard !hold.isEmpty else { return }
         continuation = nil

@@ -189,6 +189,7 @@ extension AnyPromise {
     final func passOnClaimedCancel() {
         guard publishedTag == UInt(PC_CANCELLED) else { return }
         if let parent = parentAddress { AnyPromise.observerGaveUp(onPromiseAt: parent) }
+        if !isRoot { dropHandlerParkedForContext() }  // as `cancelOne` does for its own claim
         cancel(reason: failureOrCancellation)
     }
 

@@ -544,11 +544,19 @@ final class LifetimeModelTests: XCTestCase {
         }
     }
 
+    /// How a child whose handler waits on its context comes to be cancelled.
+    private enum CancelRoute: CaseIterable {
+        case direct          // `child.cancel`
+        case throughParent   // a cancel of the settled parent, flowing down
+        case adopted         // from a promise it was made to follow (`resolve(with:)`)
+    }
+
     /// A child cancelled while its handler waits on a context that does not run (a
     /// suspended queue, a suspended `OperationQueue`) keeps nothing above it: its parent,
     /// with the parent's value, and its handler's captures go at the cancel, not when the
-    /// context gets to the work; the handler never runs. Cancelled directly, and by a
-    /// cancel of the settled parent flowing down.
+    /// context gets to the work; the handler never runs. Cancelled directly, by a cancel
+    /// of the settled parent flowing down, and by adopting the cancel of a promise it
+    /// follows.
     func testCancelledChildrenQueuedOnAStalledContextKeepNothingAbove() {
         let queue = heldQueue()
         let operations = OperationQueue()
@@ -556,7 +564,7 @@ final class LifetimeModelTests: XCTestCase {
         let contexts: [any ExecutionContext] = [queue, operations]
         let ran = Counter()
         for context in contexts {
-            for cancelParent in [false, true] {
+            for route in CancelRoute.allCases {
                 let tracker = LifeTracker()
                 var children: [Promise<Int>] = []
                 for round in 0..<100 {
@@ -566,12 +574,18 @@ final class LifetimeModelTests: XCTestCase {
                         ran.increment()
                         return value.bytes.count + captured.bytes.count
                     }
+                    let followed = Promise<Int>()
+                    if route == .adopted { child.resolve(with: followed) }
                     parent.fulfill(Payload(bytes: [UInt8](repeating: 1, count: 1 << 12), tracker: tracker))
-                    if cancelParent { parent.cancel() } else { child.cancel(reason: Reason(tag: round)) }
+                    switch route {
+                    case .direct: child.cancel(reason: Reason(tag: round))
+                    case .throughParent: parent.cancel()
+                    case .adopted: followed.cancel()
+                    }
                     XCTAssertTrue(child.isCancelled)
                     children.append(child)
                 }
-                XCTAssertEqual(tracker.alive, 0, "cancelled children waiting on \(context) keep their parents' values or their handlers' captures")
+                XCTAssertEqual(tracker.alive, 0, "cancelled children (\(route)) waiting on \(context) keep their parents' values or their handlers' captures")
                 XCTAssertTrue(children.allSatisfy { $0.parent == nil }, "a cancelled child keeps its parent")
             }
         }
@@ -606,6 +620,37 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(tracker.alive, 0, "a cancelled child waiting on a stalled queue keeps its parent's value")
         queue.resume()
         queue.sync {}
+    }
+
+    /// A child's cancel racing its parent's fire, for children on every kind of context
+    /// (inline, `.default`, a queue, with an error side or not): each ends cancelled, or
+    /// settled by its handler first; nothing waits. Under ThreadSanitizer, the firing
+    /// thread's accesses to what the child holds of its parent and the cancel's look at it
+    /// must be ordered (the park's Dekker pairing), also for children that park nothing.
+    func testACancelRacingTheFireOfChildrenOnEveryContext() {
+        final class Round: @unchecked Sendable { var parents: [Promise<Int>] = []; var children: [Promise<Int>] = [] }
+        let rounds = 2_000
+        let queue = DispatchQueue(label: "fire racing cancel")
+        let round = Round()
+        round.parents = (0..<rounds).map { _ in Promise<Int>() }
+        round.children = round.parents.enumerated().map { index, parent in
+            switch index % 4 {
+            case 0: return parent.then(on: .immediate) { $0 + 1 }
+            case 1: return parent.then(on: .default) { $0 + 1 }
+            case 2: return parent.recover(on: queue) { _ in -1 }
+            default: return parent.then(on: queue) { $0 + 1 }
+            }
+        }
+        let finished = raceOnThreads(threads: 2, rounds: rounds) { thread, index in
+            if thread == 0 { round.parents[index].fulfill(index) } else { round.children[index].cancel() }
+        }
+        XCTAssertTrue(finished)
+        for (index, child) in round.children.enumerated() {
+            switch Result(catching: { try child.wait(timeout: testTimeout) }) {
+            case .success(let value): XCTAssertEqual(value, index % 4 == 2 ? index : index + 1)
+            case .failure: XCTAssertTrue(child.isCancelled, "child \(index) ended \(child.state)")
+            }
+        }
     }
 
     /// A promise made to follow a long-lived one with `resolve(with:)`, then cancelled,
