@@ -31,9 +31,13 @@ struct Lineage {
     /// run or was dropped: the handler reads the parent's outcome, which lives only as
     /// long as the parent. Never set while the parent is pending (no retain cycle), and
     /// dropped as soon as the handler is done (`runContinuationTakingParent`,
-    /// `runDeferred`), so a settled child keeps nothing above it. Written and taken by one
-    /// thread at a time: the firing thread sets it, then hands the child to its context or
-    /// to its own trampoline, whose thread takes it.
+    /// `runDeferred`), so a settled child keeps nothing above it. An `.immediate` child's
+    /// is written and taken by one thread at a time, plainly: the firing thread sets it,
+    /// then its trampoline takes it. A child on a context has it read, written and taken
+    /// atomically (`settledParentOfContextChild`): parked for the context's work, a cancel
+    /// of the child may take it first (`parkSettledParentForContext`). A child settled
+    /// otherwise by its holder keeps it until the work runs, which links the child up
+    /// with it (`runContinuation`).
     @usableFromInline var settledParent: ParentHold
 
     /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
