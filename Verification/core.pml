@@ -2703,23 +2703,24 @@ init {
  * Model "park" (-DPARK_MODEL): a child C whose parent P has settled (fulfilled) and fired
  * it, with C's handler to run on a context. The firing thread parks its hold on P in C's
  * `settledParent` word, marked (parkSettledParentForContext: pc_word_store, pc_fence),
- * then reads C's claim: still free, it sends the work; cancelled, it takes the hold back
- * (pc_word_take_marked) and sends nothing. A canceller claims C (pc_claim FREE ->
- * CANCELLED, a full CAS), then takes a marked hold (dropHandlerParkedForContext): `cancel`,
- * or C adopting a cancel from a promise it follows, or a claim turned into a cancel, whose
- * claim moves to CANCELLED from FOLLOWING or an outcome the same way. The work,
+ * then reads C's claim: still free, it sends the work; claimed, it takes the hold back
+ * (pc_word_take_marked) and sends nothing. A settler claims C (pc_claim FREE ->
+ * CANCELLED, a full CAS), then takes a marked hold (dropHandlerParkedForContext, from
+ * publishOutcomeFromHolder): it stands for every settle that is not the handler's (a
+ * cancel, the holder's fulfil or reject, an outcome adopted from a promise C follows, a
+ * claim turned into a cancel), whose claim CAS is the same. The work,
  * once sent, may run or never run (a suspended queue): it takes the hold (pc_word_take),
  * and if it got it runs the handler, which claims C (FREE -> FULFILLED) unless the cancel
  * came first. Whoever takes the hold releases it and the handler; the others leave both.
  *
- * Properties: the hold is taken at most once; when every process is done, a cancelled C
- * has let go of it (taken once) whether or not the work ran, and a C that was not
- * cancelled still has it parked unless the work ran; the handler runs at most once, only
+ * Properties: the hold is taken at most once; when every process is done, a C settled
+ * by the settler has let go of it (taken once) whether or not the work ran, and a C that
+ * was not still has it parked unless the work ran; the handler runs at most once, only
  * with the hold, and only if it claimed C.
  *
  * Broken variants (must FAIL):
  *   -DBROKEN_PARK_NO_RECHECK  the parker sends the work without reading the claim: a
- *                             cancel before the store finds nothing to take, and the hold
+ *                             settle before the store finds nothing to take, and the hold
  *                             waits for work that never runs.
  *   -DBROKEN_PARK_NO_FENCE    the parker's claim load is satisfied before its store is
  *                             visible (StoreLoad reordering without pc_fence): each side
@@ -2751,7 +2752,7 @@ proctype Parker() {
     seen = FREE;
 #endif
     if
-    :: seen == CANCELLED -> take_marked(got)      /* dropHandlerParkedForContext */
+    :: seen != FREE -> take_marked(got)           /* dropHandlerParkedForContext */
     :: else -> sent = 1                           /* sendToContext */
     fi
 }
@@ -2761,7 +2762,7 @@ proctype Canceller() {
     bool won;
     d_step { if :: claim == FREE -> claim = CANCELLED; won = 1 :: else -> won = 0 fi };
     if
-    :: won -> take_marked(got)                    /* cancelOne: dropHandlerParkedForContext */
+    :: won -> take_marked(got)                    /* publishOutcomeFromHolder: the drop */
     :: else
     fi
 }

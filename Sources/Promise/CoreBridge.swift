@@ -179,9 +179,11 @@ extension AnyPromise {
             } else {
                 leaveParentIfPending()
             }
+            if !isRoot { dropHandlerParkedForContext() }
             return
         }
         publishKeepingParent(parent)
+        dropHandlerParkedForContext()  // `parent` is this promise's: not a root
     }
 
     /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its

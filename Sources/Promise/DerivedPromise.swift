@@ -34,10 +34,9 @@ struct Lineage {
     /// `runDeferred`), so a settled child keeps nothing above it. An `.immediate` child's
     /// is written and taken by one thread at a time, plainly: the firing thread sets it,
     /// then its trampoline takes it. A child on a context has it read, written and taken
-    /// atomically (`settledParentOfContextChild`): parked for the context's work, a cancel
-    /// of the child may take it first (`parkSettledParentForContext`). A child settled
-    /// otherwise by its holder keeps it until the work runs, which links the child up
-    /// with it (`runContinuation`).
+    /// atomically (`settledParentOfContextChild`): parked for the context's work, whoever
+    /// settles the child otherwise (a cancel, its holder) may take it first
+    /// (`parkSettledParentForContext`).
     @usableFromInline var settledParent: ParentHold
 
     /// The forwarding epoch (see `pc_forwarding_epoch`) at which this promise, having
@@ -90,7 +89,7 @@ struct ParentHold {
     }
 
     /// A hold that owns one retain of `parent`, parked for the work a context will run:
-    /// that work takes it, unless a cancel of the child takes it first
+    /// that work takes it, unless a settle of the child by anyone else takes it first
     /// (`parkSettledParentForContext`).
     static func parked(_ parent: Unmanaged<AnyPromise>) -> ParentHold {
         ParentHold(word: UInt(bitPattern: parent.toOpaque()) | parkedBit)

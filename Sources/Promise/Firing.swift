@@ -218,32 +218,39 @@ extension AnyPromise {
     }
 
     /// Parks the hold on `parent` (one retain, the caller's) for the work this child is
-    /// about to send to its context; false if the child was cancelled first, which the
-    /// work would find, doing nothing: then the hold and the handler are let go here.
+    /// about to send to its context; false if the child was settled otherwise first
+    /// (cancelled, or settled by its holder), which the work would find, running no
+    /// handler: then the hold and the handler are let go here.
     ///
     /// The work takes the hold when it runs, maybe much later (a busy or suspended queue,
-    /// the main queue of a program that never runs it). A cancel of the child before then
-    /// means the handler will never run (a cancelled child's handler runs only to give a
-    /// cancelled parent its error side, and this parent settled otherwise), so the cancel
+    /// the main queue of a program that never runs it). A child settled otherwise before
+    /// then will never run its handler (a cancelled child's runs only to give a cancelled
+    /// parent its error side, and this parent settled otherwise), so whoever settles it
     /// takes the hold and the handler at once (`dropHandlerParkedForContext`): the
-    /// parent's value and the handler's captures do not wait for the context. A Dekker
-    /// pairing decides who does, so that one of the two always sees the other: this
-    /// thread stores the hold, fences and reads the claim; the cancel claims (a full CAS)
-    /// and then reads the hold. Of the cancel, this check and the work, one takes it.
+    /// parent's value and the handler's captures do not wait for the context. (The work
+    /// would have linked the child into the tree with its parent, which this thread's
+    /// `enterFlight` did already.) A Dekker pairing decides who does, so that one of the
+    /// two always sees the other: this thread stores the hold, fences and reads the claim;
+    /// the settler claims (a full CAS) and then reads the hold. Of the settler, this check
+    /// and the work, one takes it. A claim to follow another promise (`resolve(with:)`)
+    /// leaves the hold to the work, which keeps the child in flight with it.
     final func parkSettledParentForContext(_ parent: Unmanaged<AnyPromise>) -> Bool {
         storeWord(settledParentWord, ParentHold.parked(parent).word)
         fullFence()
-        guard claimHint == UInt(PC_CANCELLED) else { return true }
+        let claimed = claimHint
+        guard claimed != UInt(PC_CLAIM_FREE) && claimed != UInt(PC_CLAIM_FOLLOWING) else { return true }
         dropHandlerParkedForContext()
         return false
     }
 
-    /// A cancel's part of `parkSettledParentForContext`, called for every derived promise
-    /// that ends cancelled (by `cancel`, or by a cancel it adopted or turned its claim
-    /// into: `passOnClaimedCancel`): lets go of the parent and the handler if they are
-    /// parked for a context (the handler unrun, with its captures, on this thread);
-    /// nothing otherwise. An `.immediate` child parks nothing, and its word is its firing
-    /// thread's alone: not even looked at.
+    /// A settler's part of `parkSettledParentForContext`, called for every derived promise
+    /// settled otherwise than by its handler, once published (`publishOutcomeFromHolder`:
+    /// a cancel, its holder's `fulfill` or `reject`, a cancel turned from a claim, an
+    /// outcome adopted from a promise it follows, a cycle's rejection): lets go of the
+    /// parent and the handler if they are parked for a context (the handler unrun, with
+    /// its captures, on this thread); nothing otherwise. An `.immediate` child parks
+    /// nothing, and its word is its firing thread's alone: not even looked at.
+    @usableFromInline
     final func dropHandlerParkedForContext() {
         guard !runsHandlerInline else { return }
         let hold = takeParkedSettledParent()

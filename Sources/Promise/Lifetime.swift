@@ -7,8 +7,8 @@ import CPromiseCore
 //
 // - A child the parent fired holds the parent (`settledParent`, Firing.swift) until
 //   its handler is done with the parent's outcome, or, while the handler waits on its
-//   context, until a cancel of the child, which means the handler will not run
-//   (`parkSettledParentForContext`).
+//   context, until the child is settled otherwise (a cancel, its holder), which means the
+//   handler will not run (`parkSettledParentForContext`).
 // - A promise *in flight* (pending below a settled parent, with work still to come: a
 //   handler queued on a context, a promise it follows, a hand-off, a lock-in) enters
 //   flight once (`enterFlight`): it links itself into its parent's registry, so that a

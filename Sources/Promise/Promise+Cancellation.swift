@@ -49,8 +49,6 @@ extension AnyPromise {
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
             if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append((followee, reason)) }
             leavePendingSources(claimedFrom: from)
-            // A handler waiting on its context will not run: it and the parent go now.
-            if !isRoot { dropHandlerParkedForContext() }
         } else if isClaimedAsCancel && !isCancelled {
             // Another cancel claimed this promise and has not published yet. Every promise
             // claimed as cancelled walks its registry once published (its own `cancelOne`,
@@ -189,7 +187,6 @@ extension AnyPromise {
     final func passOnClaimedCancel() {
         guard publishedTag == UInt(PC_CANCELLED) else { return }
         if let parent = parentAddress { AnyPromise.observerGaveUp(onPromiseAt: parent) }
-        if !isRoot { dropHandlerParkedForContext() }  // as `cancelOne` does for its own claim
         cancel(reason: failureOrCancellation)
     }
 

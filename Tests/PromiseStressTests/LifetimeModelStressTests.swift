@@ -20,9 +20,10 @@
 //     the cancel return before it returned ends cancelled with that reason;
 //   - a follow chain a million levels deep built inner-first (in `make stress`), which
 //     settles with the innermost value;
-//   - a cancel of a child racing its parent's fire, which hands the child to its queue,
-//     and (in some rounds) the queue running: a cancelled child keeps neither its parent's
-//     value nor its handler once the round lets the parent go, even with its queue held.
+//   - a cancel or a holder's fulfil of a child racing its parent's fire, which hands the
+//     child to its queue, and (in some rounds) the queue running: a child settled that way
+//     keeps neither its parent's value nor its handler once the round lets the parent go,
+//     even with its queue held.
 import Dispatch
 import Foundation
 import Promise
@@ -349,19 +350,20 @@ extension LifetimeModelStressTests {
     private final class Tracked: Sendable { let value: Int; init(_ value: Int) { self.value = value } }
     private final class WeakTracked: @unchecked Sendable { weak var object: Tracked? }
 
-    func testACancelRacingTheHandOffToAQueueKeepsNothingAbove() {
+    func testASettleRacingTheHandOffToAQueueKeepsNothingAbove() {
         let crew = Crew(size: 3)
         defer { crew.stop() }
-        var cancelledHeld = 0, handlerFirst = 0, cancelledRunning = 0
+        var settledHeld = 0, handlerFirst = 0, settledRunning = 0
 
-        runStressRounds("a child's cancel racing its parent's fire (the hand-off to its queue) and the queue", invariants: [
-            "with its queue held, the child ends cancelled and keeps neither its parent's value nor its handler's captures",
-            "with its queue running, the child ends fulfilled by its handler or cancelled, and its handler runs at most once",
+        runStressRounds("a child's cancel or holder's fulfil racing its parent's fire (the hand-off to its queue) and the queue", invariants: [
+            "with its queue held, the child ends cancelled or fulfilled by its holder and keeps neither its parent's value nor its handler's captures",
+            "with its queue running, the child ends settled by its handler, its holder or the cancel, and its handler runs at most once",
         ], details: {
-            "held: \(cancelledHeld) cancelled; running: \(handlerFirst) handlers first, \(cancelledRunning) cancelled"
+            "held: \(settledHeld) settled otherwise; running: \(handlerFirst) handlers first, \(settledRunning) settled otherwise"
         }) { checker in
             let round = checker.round
             let queueRuns = round % 2 != 0
+            let byHolder = round % 4 >= 2
             let queue = DispatchQueue(label: "LifetimeModelStressTests.handOff")
             queue.suspend()
             let value = WeakTracked(), captured = WeakTracked()
@@ -384,28 +386,30 @@ extension LifetimeModelStressTests {
                     let tracked = Tracked(round)
                     value.object = tracked
                     parent.unsafelyUnwrapped.fulfill(tracked)
-                case 1: child.cancel(reason: Reason(round: round))
+                case 1: if byHolder { child.fulfill(-1) } else { child.cancel(reason: Reason(round: round)) }
                 default: if queueRuns { queue.resume() }
                 }
             }
             checker.check(finished, "round hung")
             parent = nil
+            let settledOtherwise = { child.isCancelled || (try? child.wait(timeout: .zero)) == -1 }
             if queueRuns {
                 queue.sync {}
                 let ran = runs.withLock { $0 }
                 checker.check(ran <= 1, "the handler ran \(ran) times")
-                if child.isCancelled { cancelledRunning += 1 } else {
-                    checker.check(child.isFulfilled && ran == 1, "the child ended \(child.state), its handler ran \(ran) times")
+                if settledOtherwise() { settledRunning += 1 } else {
+                    checker.check((try? child.wait(timeout: .zero)) == 2 * round && ran == 1,
+                                  "the child ended \(child.state), its handler ran \(ran) times")
                     handlerFirst += 1
                 }
             } else {
-                checker.check(child.isCancelled, "the child ended \(child.state) with its queue held")
-                checker.check(value.object == nil, "the cancelled child keeps its parent's value with its queue held")
-                checker.check(captured.object == nil, "the cancelled child keeps its handler's captures with its queue held")
-                cancelledHeld += 1
+                checker.check(settledOtherwise(), "the child ended \(child.state) with its queue held")
+                checker.check(value.object == nil, "the child settled otherwise keeps its parent's value with its queue held")
+                checker.check(captured.object == nil, "the child settled otherwise keeps its handler's captures with its queue held")
+                settledHeld += 1
                 queue.resume()
                 queue.sync {}
-                checker.check(runs.withLock { $0 } == 0, "the handler of a cancelled child ran")
+                checker.check(runs.withLock { $0 } == 0, "the handler of a child settled otherwise ran")
             }
             return true
         }

@@ -544,27 +544,30 @@ final class LifetimeModelTests: XCTestCase {
         }
     }
 
-    /// How a child whose handler waits on its context comes to be cancelled.
-    private enum CancelRoute: CaseIterable {
-        case direct          // `child.cancel`
-        case throughParent   // a cancel of the settled parent, flowing down
-        case adopted         // from a promise it was made to follow (`resolve(with:)`)
+    /// How a child whose handler waits on its context comes to be settled otherwise.
+    private enum SettleRoute: CaseIterable {
+        case cancelled              // `child.cancel`
+        case cancelledThroughParent // a cancel of the settled parent, flowing down
+        case adoptedCancel          // from a promise it was made to follow (`resolve(with:)`)
+        case adoptedValue           // the same, fulfilled
+        case fulfilledByHolder      // `child.fulfill`
+        case rejectedByHolder       // `child.reject`
     }
 
-    /// A child cancelled while its handler waits on a context that does not run (a
-    /// suspended queue, a suspended `OperationQueue`) keeps nothing above it: its parent,
-    /// with the parent's value, and its handler's captures go at the cancel, not when the
-    /// context gets to the work; the handler never runs. Cancelled directly, by a cancel
-    /// of the settled parent flowing down, and by adopting the cancel of a promise it
-    /// follows.
-    func testCancelledChildrenQueuedOnAStalledContextKeepNothingAbove() {
+    /// A child settled otherwise while its handler waits on a context that does not run
+    /// (a suspended queue, a suspended `OperationQueue`) keeps nothing above it: its
+    /// parent, with the parent's value, and its handler's captures go at the settle, not
+    /// when the context gets to the work; the handler never runs. Cancelled directly, by a
+    /// cancel of the settled parent flowing down, by adopting the outcome of a promise it
+    /// follows, or settled by its holder.
+    func testChildrenSettledOtherwiseWhileQueuedOnAStalledContextKeepNothingAbove() {
         let queue = heldQueue()
         let operations = OperationQueue()
         operations.isSuspended = true
         let contexts: [any ExecutionContext] = [queue, operations]
         let ran = Counter()
         for context in contexts {
-            for route in CancelRoute.allCases {
+            for route in SettleRoute.allCases {
                 let tracker = LifeTracker()
                 var children: [Promise<Int>] = []
                 for round in 0..<100 {
@@ -575,25 +578,28 @@ final class LifetimeModelTests: XCTestCase {
                         return value.bytes.count + captured.bytes.count
                     }
                     let followed = Promise<Int>()
-                    if route == .adopted { child.resolve(with: followed) }
+                    if route == .adoptedCancel || route == .adoptedValue { child.resolve(with: followed) }
                     parent.fulfill(Payload(bytes: [UInt8](repeating: 1, count: 1 << 12), tracker: tracker))
                     switch route {
-                    case .direct: child.cancel(reason: Reason(tag: round))
-                    case .throughParent: parent.cancel()
-                    case .adopted: followed.cancel()
+                    case .cancelled: child.cancel(reason: Reason(tag: round))
+                    case .cancelledThroughParent: parent.cancel()
+                    case .adoptedCancel: followed.cancel()
+                    case .adoptedValue: followed.fulfill(round)
+                    case .fulfilledByHolder: child.fulfill(round)
+                    case .rejectedByHolder: child.reject(Reason(tag: round))
                     }
-                    XCTAssertTrue(child.isCancelled)
+                    XCTAssertFalse(child.isPending, "\(route)")
                     children.append(child)
                 }
-                XCTAssertEqual(tracker.alive, 0, "cancelled children (\(route)) waiting on \(context) keep their parents' values or their handlers' captures")
-                XCTAssertTrue(children.allSatisfy { $0.parent == nil }, "a cancelled child keeps its parent")
+                XCTAssertEqual(tracker.alive, 0, "children settled otherwise (\(route)) waiting on \(context) keep their parents' values or their handlers' captures")
+                XCTAssertTrue(children.allSatisfy { $0.parent == nil }, "a child settled otherwise (\(route)) keeps its parent")
             }
         }
         queue.resume()
         operations.isSuspended = false
         queue.sync {}
         operations.waitUntilAllOperationsAreFinished()
-        XCTAssertEqual(ran.value, 0, "the handler of a cancelled child ran")
+        XCTAssertEqual(ran.value, 0, "the handler of a child settled otherwise ran")
     }
 
     /// The same while the parent's fire, which hands the child to its stalled queue, and
