@@ -90,7 +90,7 @@ extension AnyPromise {
                 sendToContext { self.runContinuationTakingParent(once: true) }
                 retained.release()
             } else {
-                retained.release()  // cancelled meanwhile: no work left for the context
+                retained.release()  // settled otherwise meanwhile: no work left for the context
             }
         case .following:
             let tag = source.publishedTag
