@@ -168,7 +168,9 @@ extension AnyPromise {
     /// the parent `parentToKeepForSettle` returned.
     @inlinable
     final func publishOutcomeFromHolder(keeping parent: Unmanaged<AnyPromise>?) {
-        guard let parent else {
+        if let parent {
+            publishKeepingParent(parent)
+        } else {
             publishClaimedOutcome()
             // (A cancel leaves through `leavePendingSources`.)
             if claimHint == UInt(PC_CANCELLED) {
@@ -179,11 +181,8 @@ extension AnyPromise {
             } else {
                 leaveParentIfPending()
             }
-            if !isRoot { dropHandlerParkedForContext() }
-            return
         }
-        publishKeepingParent(parent)
-        dropHandlerParkedForContext()  // `parent` is this promise's: not a root
+        if !isRoot { dropHandlerParkedForContext() }
     }
 
     /// The rest of `publishOutcomeFromHolder`. A promise settled by its holder while its
