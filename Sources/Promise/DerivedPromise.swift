@@ -237,8 +237,24 @@ extension AnyPromise {
     final func sendToContext(_ work: @escaping @Sendable () -> Void) {
         assert(!isRoot && !runsHandlerInline, "only a child on a context has a handler context")
         if handlerPlace == .defaultQueue { return DefaultExecutionContext().execute(work) }
+        storedContext.pointee.send(work)
+    }
+
+    /// Sends this child's handler to its context, to run with the parent parked for it
+    /// (`parkSettledParentForContext`). A context other than Dispatch's queues gets it
+    /// watched (`WatchedWork`): dropped unrun, it rejects this child with
+    /// `PromiseError.brokenPromise`, which also lets go of the parked parent and the
+    /// handler at once.
+    final func sendHandlerToContext() {
+        let work: @Sendable () -> Void = { self.runContinuationTakingParent(once: true) }
+        if handlerPlace == .defaultQueue || storedContext.pointee.runsEveryWork { return sendToContext(work) }
+        sendToContext(WatchedWork(settling: self, work).work)
+    }
+
+    /// A `ContextDerivedPromise`'s context (see `DerivedLayout.contextOffset`).
+    private final var storedContext: UnsafeMutablePointer<StoredContext> {
         (UnsafeMutableRawPointer(Unmanaged.passUnretained(self).toOpaque()) + DerivedLayout.contextOffset)
-            .assumingMemoryBound(to: StoredContext.self).pointee.send(work)
+            .assumingMemoryBound(to: StoredContext.self)
     }
 
     /// See `Lineage.settledParent`; only for a derived promise (a root has no parent to

@@ -15,11 +15,14 @@ import Dispatch
 /// Contract: `execute` must run `work` exactly once, later (never inside the call), or
 /// handlers would run inside `then` on an already settled promise ("Zalgo"). Only the
 /// built-in `.immediate` context runs work inline, and the library treats it specially.
-/// A context that drops work unrun (an executor shut down) breaks the contract: the child
-/// whose handler it dropped stays pending while someone holds it (and is freed, its
-/// observers receiving `PromiseError.brokenPromise`, once nobody does). The runs that
-/// queue their own steps (`retry`, `sequence`, `all(_:maxConcurrent:)`) notice, and
-/// reject their output with `brokenPromise`. A context that runs work twice breaks it
+/// A context that drops work unrun (an executor shut down) breaks the contract, and the
+/// library answers for it: the child whose handler it dropped, or the promise whose work
+/// it dropped (`Promise(on:_:)`), rejects with `PromiseError.brokenPromise` as soon as
+/// the context lets go of the work, and so does the output of a run that queues its own
+/// steps (`retry`, `sequence`, `all(_:maxConcurrent:)`): nobody waits on it for ever. (A
+/// context that keeps the work and never runs it cannot be told from a slow one.)
+/// Dispatch's queues run every block, so work for them goes as it is; for any other
+/// context, the watch costs an allocation per handler sent. A context that runs work twice breaks it
 /// too; the library then runs each handler, observer and step once, and ignores the
 /// second run. A context that runs work inside `execute` (an executor that runs it at
 /// once when called on its own thread, say) breaks it as well, and gets Zalgo; but a long
@@ -45,6 +48,50 @@ final class RunOnce: @unchecked Sendable {
 
     func claim() -> Bool {
         electOnce(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self))
+    }
+}
+
+/// Work that settles `promise`, for a context that might let go of it unrun: an
+/// `OperationQueue` whose operations were cancelled (`cancelAllOperations()` at shutdown),
+/// an event loop or thread pool shut down, a user's context that drops work. The closure
+/// the context gets holds this object and nothing else, so a context that releases it
+/// without running it frees this object with `body` unrun: `deinit` then rejects
+/// `promise` with `PromiseError.brokenPromise` (nothing else would settle it), as the
+/// runs that queue their own steps (`retry`, `sequence`) reject their output, instead of
+/// leaving whoever waits on it waiting for ever. A promise settled otherwise meanwhile (a
+/// cancel, its holder) keeps its outcome: the rejection loses its claim.
+///
+/// Runs `body` at most once, also on a context that runs its work twice (a broken
+/// contract). Cost: one allocation per hand-off. Dispatch's queues (`.default`, `.main`,
+/// a `DispatchQueue`, `.concurrent(queue)`) run every block they are given, so work for
+/// them goes as it is (`StoredContext.runsEveryWork`).
+final class WatchedWork: @unchecked Sendable {
+    // First stored property: `run` addresses it as the election's word.
+    private var ran: UInt = 0
+    private let promise: AnyPromise
+    private let body: @Sendable () -> Void
+
+    init(settling promise: AnyPromise, _ body: @escaping @Sendable () -> Void) {
+        self.promise = promise
+        self.body = body
+    }
+
+    /// The closure to hand to the context: it holds this object alone.
+    var work: @Sendable () -> Void { { self.run() } }
+
+    private var ranWord: UnsafeMutablePointer<UInt> {
+        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
+    }
+
+    private func run() {
+        if electOnce(ranWord) { body() }
+    }
+
+    deinit {
+        // Acquire: a run on another thread (a context that ran the work and released it
+        // there) happened before this, through the reference count; the load says so
+        // to the sanitizers too.
+        if loadWordAcquiring(ranWord) == 0 { promise.rejectAsWorkDropped() }
     }
 }
 
@@ -204,6 +251,15 @@ struct StoredContext {
             withUnsafeMutableBytes(of: &payload) { _ = $0.baseAddress.unsafelyUnwrapped.initializeMemory(as: ContextBox<C>.self, to: box) }
             type = ContextBox<C>.self
         }
+    }
+
+    /// Whether the stored context is one of Dispatch's queues (a `DispatchQueue`,
+    /// `.concurrent(queue)`), which run every block they are given: work for it needs no
+    /// `WatchedWork`. Two comparisons of metadata pointers.
+    var runsEveryWork: Bool {
+        guard let stored = type else { return true }
+        return ObjectIdentifier(stored) == ObjectIdentifier(DispatchQueue.self)
+            || ObjectIdentifier(stored) == ObjectIdentifier(ConcurrentQueueContext.self)
     }
 
     /// Moves the context out and hands it `work`; nothing if none is stored.

@@ -87,7 +87,7 @@ extension AnyPromise {
             } else if parkSettledParentForContext(parent) {
                 // The node's reference keeps this promise alive until `send` has returned:
                 // the work may run, and drop its own reference, before that.
-                sendToContext { self.runContinuationTakingParent(once: true) }
+                sendHandlerToContext()
                 retained.release()
             } else {
                 retained.release()  // settled otherwise meanwhile: no work left for the context

@@ -7,11 +7,12 @@ import Foundation
 /// An `OperationQueue` runs each handler as an operation; its `maxConcurrentOperationCount`
 /// decides whether handlers may overlap.
 ///
-/// Do not cancel the operations the library adds (`cancelAllOperations()` at shutdown, say):
-/// an operation cancelled before it starts never runs its block, so the handler it carries
-/// never settles its promise, and whoever waits on that promise while holding it waits for
-/// ever (one nobody holds is reported broken once freed). To stop work, cancel the promises
-/// instead: their handlers then do not run, and everything waiting on them is answered.
+/// An operation the library added that is cancelled before it starts
+/// (`cancelAllOperations()` at shutdown, say) never runs its block: the promise its handler
+/// would have settled rejects with `PromiseError.brokenPromise` once the queue lets go of
+/// the operation, so nobody waits on it for ever. To stop work and say why, cancel the
+/// promises instead: their handlers then do not run, and everything waiting on them
+/// receives the cancel.
 ///
 /// Available with the package trait `Foundation`, which is on by default.
 extension OperationQueue: ExecutionContext {

@@ -115,7 +115,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     ///
     /// A cancel that settles the promise before the work starts skips it (the work is
     /// what the promise owns). A promise settled otherwise first (its holder fulfilled it,
-    /// say) still runs it, for its side effects, and ignores its result.
+    /// say) still runs it, for its side effects, and ignores its result. A context that
+    /// drops the work unrun (an `OperationQueue` whose operations were cancelled) rejects
+    /// the promise with `PromiseError.brokenPromise`.
     public convenience init(
         on context: any ExecutionContext,
         _ work: @escaping @Sendable () throws -> Value,
@@ -123,12 +125,13 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         line: UInt = #line
     ) {
         self.init(file: file, line: line)
-        // Once, also on a context that runs its work twice (a broken contract).
-        let once = RunOnce()
-        context.execute { [self] in
-            guard once.claim(), !self.isClaimedAsCancel else { return }  // cancelled before it ran
+        // Once, also on a context that runs its work twice (a broken contract); a context
+        // that drops it unrun breaks the promise (see `WatchedWork`).
+        let watched = WatchedWork(settling: self) { [self] in
+            guard !self.isClaimedAsCancel else { return }  // cancelled before it ran
             self.settle(work)
         }
+        context.execute(watched.work)
     }
 
     deinit {

@@ -13,6 +13,14 @@ extension AnyPromise {
         settleFailureClaimingFrom(error, as: outcome) != nil
     }
 
+    /// The work that was to settle this promise (its handler, or `Promise(on:_:)`'s
+    /// work) was let go of unrun by its context (`WatchedWork`): nothing else will settle
+    /// it, so it rejects with `PromiseError.brokenPromise`, as its holder's `reject`
+    /// would (losing to a settle or a cancel that came first).
+    final func rejectAsWorkDropped() {
+        _ = settleFailure(PromiseError.brokenPromise, as: PC_REJECTED)
+    }
+
     /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a
     /// cancel of a follower, which must then reach the followee); nil if it lost.
     final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {

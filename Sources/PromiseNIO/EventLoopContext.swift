@@ -20,7 +20,8 @@ import Promise
 /// the loop itself: a handler never runs inside the call that registered it (no Zalgo).
 /// Shut the loop down only once the promises whose handlers it runs have settled and
 /// their handlers have run: a loop that is shut down drops work handed to it (NIO logs
-/// it), and a child whose handler is dropped stays pending.
+/// it, or stops the program in its strict mode), and a child whose handler is dropped
+/// rejects with `PromiseError.brokenPromise` instead of waiting for ever.
 /// Handlers registered on one promise with one loop run in registration order, as NIO
 /// runs a loop's tasks in the order they were enqueued. For work that must run on the
 /// loop but is short and already there, `.immediate` saves the hop: a promise settled on

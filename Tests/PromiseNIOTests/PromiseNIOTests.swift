@@ -215,6 +215,23 @@ final class PromiseNIOTests: XCTestCase {
         XCTAssertTrue(inline)
     }
 
+    /// A loop that has shut down drops the work handed to it (NIO prints an error): a hop
+    /// or a handler on it rejects with `brokenPromise` instead of staying pending.
+    func testAHopToALoopThatShutDownBreaks() throws {
+        let stopped = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let loop = stopped.next()
+        try stopped.syncShutdownGracefully()
+        let hopped = Promise(value: 1).hop(to: loop)
+        let handled = Promise(value: 2).then(on: .eventLoop(loop)) { $0 + 1 }
+        for promise in [hopped, handled] {
+            XCTAssertThrowsError(try promise.wait(timeout: .seconds(5))) { error in
+                guard case PromiseError.brokenPromise = error else {
+                    return XCTFail("\(error) instead of brokenPromise")
+                }
+            }
+        }
+    }
+
     func testCompleteANIOPromiseWithAPromise() throws {
         let loop = group.next()
         let fulfilled = loop.makePromise(of: Int.self)

@@ -725,3 +725,123 @@ extension ContextTests {
         }
     }
 }
+
+// MARK: A context that drops the work
+
+/// Keeps the work it is given until the test runs it or lets go of it unrun (an executor
+/// that shuts down with work queued).
+private final class HoldingContext: ExecutionContext, @unchecked Sendable {
+    private let lock = NSLock()
+    private var held: [@Sendable () -> Void] = []
+
+    func execute(_ work: @escaping @Sendable () -> Void) {
+        lock.withLock { held.append(work) }
+    }
+
+    var count: Int { lock.withLock { held.count } }
+
+    /// Lets go of the work unrun.
+    func dropAll() {
+        let works = lock.withLock { () -> [@Sendable () -> Void] in
+            defer { held = [] }
+            return held
+        }
+        _ = consume works
+    }
+
+    /// Runs the work, once each, on this thread.
+    func runAll() {
+        let works = lock.withLock { () -> [@Sendable () -> Void] in
+            defer { held = [] }
+            return held
+        }
+        for work in works { work() }
+    }
+}
+
+private func isBroken(_ error: (any Error)?) -> Bool {
+    if case PromiseError.brokenPromise? = error as? PromiseError { return true }
+    return false
+}
+
+extension ContextTests {
+    /// A context that lets go of a handler unrun (an executor shut down) breaks the child
+    /// the handler would have settled, at once, for every form of continuation and
+    /// whether the parent settled before or after the registration; the child lets go of
+    /// the parent and of the handler's captures then, not when it dies. Before, a held
+    /// child stayed pending for ever.
+    func testAContextThatDropsAHandlerBreaksItsChild() {
+        let tracker = LifeTracker()
+        let context = HoldingContext()
+        var pendingParent: Promise<Int>? = Promise<Int>()
+        weak let weakParent = pendingParent
+        let failing = Promise<Int>()
+        var children: [Promise<Int>] = []
+        for parent in [pendingParent!, Promise(value: 1)] {
+            let capture = Payload(bytes: [1], tracker: tracker)
+            children.append(parent.then(on: context) { $0 + capture.bytes.count })
+            children.append(parent.then(on: context) { _ in Promise(value: capture.bytes.count) })
+            children.append(parent.always(on: context) { _ = capture })
+        }
+        let capture = Payload(bytes: [2], tracker: tracker)
+        children.append(failing.recover(on: context) { _ in capture.bytes.count })
+        _ = consume capture
+        pendingParent?.fulfill(1)
+        pendingParent = nil
+        failing.reject(PromiseError.validationFailure)
+        XCTAssertEqual(context.count, children.count, "every handler went to the context")
+        XCTAssertNotNil(weakParent, "the queued handlers hold their parent")
+        context.dropAll()
+        for (index, child) in children.enumerated() {
+            XCTAssertTrue(child.isRejected, "child \(index) not settled when its handler was dropped: \(child)")
+            XCTAssertTrue(isBroken(error(child)), "child \(index): \(child) instead of brokenPromise")
+        }
+        XCTAssertEqual(tracker.alive, 0, "the dropped handlers' captures are kept")
+        XCTAssertNil(weakParent, "children whose handlers were dropped keep their parent")
+        // A dropped `Promise(on:)` work breaks its promise the same way.
+        let work = Promise<Int>(on: DroppingContext()) { 1 }
+        XCTAssertTrue(isBroken(error(work)), "Promise(on:) whose work was dropped: \(work)")
+    }
+
+    /// A child settled otherwise before its context drops the handler keeps that outcome:
+    /// cancelled, or fulfilled by its holder. A context that runs its work late runs it,
+    /// and breaks nothing.
+    func testADroppedHandlerLosesToASettleThatCameFirst() {
+        let context = HoldingContext()
+        let parent = Promise<Int>()
+        let cancelled = parent.then(on: context) { $0 }
+        let fulfilled = parent.then(on: context) { $0 }
+        let ran = parent.then(on: context) { $0 + 1 }
+        parent.fulfill(1)
+        cancelled.cancel()
+        fulfilled.fulfill(7)
+        context.runAll()
+        XCTAssertTrue(cancelled.isCancelled)
+        XCTAssertEqual(value(fulfilled), 7)
+        XCTAssertEqual(value(ran), 2)
+
+        let again = parent.then(on: context) { $0 }
+        again.cancel()
+        context.dropAll()
+        XCTAssertTrue(again.isCancelled, "a cancelled child whose handler was dropped: \(again)")
+    }
+
+    #if Foundation  // the package trait, on by default
+    /// `cancelAllOperations()` at shutdown cancels the operations that carry handlers
+    /// before they start: each child breaks once the queue lets go of its operation,
+    /// instead of waiting for ever.
+    func testCancelledOperationsBreakTheChildrenTheyCarried() {
+        let queue = OperationQueue()
+        queue.isSuspended = true
+        let parent = Promise<Int>()
+        let children = (0..<5).map { index in parent.then(on: queue) { $0 + index } }
+        let work = Promise<Int>(on: queue) { 1 }
+        parent.fulfill(1)
+        queue.cancelAllOperations()
+        queue.isSuspended = false
+        for child in children + [work] {
+            XCTAssertTrue(isBroken(error(child)), "\(child) instead of brokenPromise")
+        }
+    }
+    #endif
+}
