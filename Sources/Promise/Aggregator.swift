@@ -230,11 +230,16 @@ final class Aggregator: @unchecked Sendable {
     /// `any` then wraps the error like any input's); with no such input, the output is.
     /// On the input's settling thread, inside the gate; no user code runs.
     ///
+    /// An output its holder locked in to follow another promise (`resolve(with:)`) is no
+    /// longer this aggregator's to settle: it waits on that promise, which its lock-in
+    /// checked, so nothing is asked (an input that waits on it waits on that promise).
+    ///
     /// Cost: the scan stops at the first input that is a way out (pending and not waiting
     /// on the output, or settled in a way that settles it), and starts at the one the last
     /// scan stopped at, which is where a way out is most likely still to be: inputs settled
     /// in order cost O(1) each, not a scan of every input.
     private func rejectOutputIfItWaitsOnItself(_ output: AnyPromise) {
+        guard output.claimHint == UInt(PC_CLAIM_FREE) else { return }
         let start = max(Int(wordAfterReadModifyWrite(cycleWatch) >> 1) - 1, 0) % count
         var walk = WaitWalk(target: output)
         var waitsOnItself = false
@@ -270,7 +275,8 @@ final class Aggregator: @unchecked Sendable {
             }
             waitsOnItself = sawPending
         }
-        guard waitsOnItself else { return }
+        // Locked in by its holder while the inputs were read: not ours to judge any more.
+        guard waitsOnItself, output.claimHint == UInt(PC_CLAIM_FREE) else { return }
         if let follower {
             follower.rejectAsCycle(parent: nil)
         } else {

@@ -449,6 +449,34 @@ final class CycleTests: XCTestCase {
         XCTAssertEqual(value(p), expected)
         XCTAssertEqual(value(observed), expected)
     }
+
+    /// An output its holder locked in to follow another promise is no longer its
+    /// aggregator's to settle: an input settling later asks nothing, and an input that
+    /// follows the output waits on that other promise, no cycle (before, it was rejected
+    /// with `cycle`, and so was a promise following an `any` that then fulfilled).
+    func testAnOutputItsHolderLockedInIsNoCycleForItsInputs() {
+        let a = Promise<Int>(), b = Promise<Int>()
+        let all = Promise.all([a, b])
+        a.resolve(with: all.map(on: .immediate) { $0[0] })  // no cycle: b may still reject
+        let other = Promise<[Int]>()
+        all.resolve(with: other)
+        b.fulfill(2)  // the input that asks again
+        XCTAssertTrue(a.isPending, "a: \(a)")
+        other.fulfill([7, 8])
+        XCTAssertEqual(value(all), [7, 8])
+        XCTAssertEqual(value(a), 7)
+
+        let c = Promise<Int>(), d = Promise<Int>()
+        let any = Promise.any([c, d])
+        c.resolve(with: any)
+        let elsewhere = Promise<Int>()
+        any.resolve(with: elsewhere)
+        d.reject(PromiseError.validationFailure)
+        XCTAssertTrue(c.isPending, "c: \(c)")
+        elsewhere.fulfill(9)
+        XCTAssertEqual(value(any), 9)
+        XCTAssertEqual(value(c), 9)
+    }
 }
 
 /// A run (`retry`, `sequence`, `all(_:maxConcurrent:)`) waits on its steps, which your code
