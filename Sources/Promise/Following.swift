@@ -272,7 +272,7 @@ extension AnyPromise {
 /// input: any that waits on the target closes a cycle. Any other output may be settled
 /// by one input (`race`, `any`, and `all` or `and`, which reject with the first error):
 /// it waits on the target only if no input can settle it, that is if every pending input
-/// waits on the target (asked of each in turn, eight levels of such outputs deep at most)
+/// waits on the target (asked of each in turn, 64 levels of such outputs deep at most)
 /// and no settled one is settling it. Once branched, the walk remembers what it met (a
 /// set of addresses: a chain shared by many inputs is walked once, outside those nested
 /// questions) and tries at most `budget` more promises, inputs included. A cycle that
@@ -285,8 +285,9 @@ struct WaitWalk {
     /// How deep a walk goes into the inputs of outputs that one input may settle (`race`,
     /// `any`, `all`, `and`) nested in each other's paths: each level asks whether no input
     /// can settle its output (every pending one waits on the target, and no settled one
-    /// settles it).
-    static let nesting = 8
+    /// settles it). A recursion, a few frames a level: the budget bounds the work, this
+    /// the stack.
+    static let nesting = 64
 
     private let target: UnsafeMutableRawPointer
     private var budget = WaitWalk.budget

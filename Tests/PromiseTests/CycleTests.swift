@@ -450,6 +450,24 @@ final class CycleTests: XCTestCase {
         XCTAssertEqual(value(observed), expected)
     }
 
+    /// A cycle through `race` or `all` outputs nested in each other is found at every
+    /// depth up to the documented 64 levels (before, past 8 levels it stayed pending).
+    func testCyclesThroughNestedCombinatorsAreFoundDeepDown() {
+        for depth in [1, 8, 9, 20, 60] {
+            let p = Promise<Int>()
+            var inner: Promise<Int> = p
+            for _ in 0..<depth { inner = Promise.race([inner]) }
+            p.resolve(with: inner)
+            assertCycle(p)
+
+            let q = Promise<Int>()
+            var nested: Promise<Int> = q
+            for _ in 0..<depth { nested = Promise.all([nested, Promise(value: 0)]).map(on: .immediate) { $0[0] } }
+            q.resolve(with: nested)
+            assertCycle(q)
+        }
+    }
+
     /// An output its holder locked in to follow another promise is no longer its
     /// aggregator's to settle: an input settling later asks nothing, and an input that
     /// follows the output waits on that other promise, no cycle (before, it was rejected
