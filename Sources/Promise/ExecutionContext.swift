@@ -17,14 +17,15 @@ import Dispatch
 /// built-in `.immediate` context runs work inline, and the library treats it specially.
 /// A context that drops work unrun (an executor shut down) breaks the contract, and the
 /// library answers for it: the child whose handler it dropped, or the promise whose work
-/// it dropped (`Promise(on:_:)`), rejects with `PromiseError.brokenPromise` as soon as
-/// the context lets go of the work, and so does the output of a run that queues its own
+/// it dropped (`Promise(on:_:)`), rejects with `PromiseError.brokenPromise` once the
+/// context lets go of the work (a moment later, on the library's default queue: never
+/// inside the context's own call), and so does the output of a run that queues its own
 /// steps (`retry`, `sequence`, `all(_:maxConcurrent:)`): nobody waits on it for ever. (A
 /// context that keeps the work and never runs it cannot be told from a slow one.)
 /// Dispatch's queues run every block, so work for them goes as it is; for any other
-/// context, the watch costs an allocation per handler sent. A context that runs work twice breaks it
-/// too; the library then runs each handler, observer and step once, and ignores the
-/// second run. A context that runs work inside `execute` (an executor that runs it at
+/// context, the watch costs an allocation per handler sent. A context that runs work
+/// twice breaks it too; the library then runs each handler, observer and step once, and
+/// ignores the second run. A context that runs work inside `execute` (an executor that runs it at
 /// once when called on its own thread, say) breaks it as well, and gets Zalgo; but a long
 /// chain of handlers on it cannot overflow the stack: a call to `execute` that would be
 /// nested in 16 others on one thread is queued instead, and made, in order, on that
@@ -55,10 +56,11 @@ final class RunOnce: @unchecked Sendable {
 /// `OperationQueue` whose operations were cancelled (`cancelAllOperations()` at shutdown),
 /// an event loop or thread pool shut down, a user's context that drops work. The closure
 /// the context gets holds this object and nothing else, so a context that releases it
-/// without running it frees this object with `body` unrun: `deinit` then rejects
-/// `promise` with `PromiseError.brokenPromise` (nothing else would settle it), as the
-/// runs that queue their own steps (`retry`, `sequence`) reject their output, instead of
-/// leaving whoever waits on it waiting for ever. A promise settled otherwise meanwhile (a
+/// without running it frees this object with `body` unrun: `deinit` then has `promise`
+/// rejected with `PromiseError.brokenPromise` (nothing else would settle it), a moment
+/// later on the library's default queue, as the runs that queue their own steps
+/// (`retry`, `sequence`) reject their output, instead of leaving whoever waits on it
+/// waiting for ever. A promise settled otherwise meanwhile (a
 /// cancel, its holder) keeps its outcome: the rejection loses its claim.
 ///
 /// Runs `body` at most once, also on a context that runs its work twice (a broken
@@ -91,7 +93,13 @@ final class WatchedWork: @unchecked Sendable {
         // Acquire: a run on another thread (a context that ran the work and released it
         // there) happened before this, through the reference count; the load says so
         // to the sanitizers too.
-        if loadWordAcquiring(ranWord) == 0 { promise.rejectAsWorkDropped() }
+        guard loadWordAcquiring(ranWord) == 0 else { return }
+        // Not on this thread: a context may let go of its work inside its own lock, and
+        // the rejection runs the promise's `.immediate` observers and hands its children
+        // to their contexts (that one's too, which would wait for its own lock). The
+        // library's default queue does it a moment later, outside any call of the context.
+        let promise = self.promise
+        DefaultExecutionContext().execute { promise.rejectAsWorkDropped() }
     }
 }
 
