@@ -242,13 +242,21 @@ extension AnyPromise {
 
     /// Sends this child's handler to its context, to run with the parent parked for it
     /// (`parkSettledParentForContext`). A context other than Dispatch's queues gets it
-    /// watched (`WatchedWork`): dropped unrun, it rejects this child with
-    /// `PromiseError.brokenPromise`, which also lets go of the parked parent and the
-    /// handler at once.
+    /// watched (`WatchedWork`): dropped unrun, the child breaks, or, settled or locked in
+    /// otherwise first, does what the work would have done but run the handler; either
+    /// way it lets go of the parked parent and the handler.
     final func sendHandlerToContext() {
-        let work: @Sendable () -> Void = { self.runContinuationTakingParent(once: true) }
+        sendToContext({ self.runContinuationTakingParent(once: true) }, ifDropped: {
+            self.rejectAsWorkDropped()  // the parked hold goes with the publish, if it wins
+            self.runContinuationTakingParent(once: true)  // the claim is taken: no handler runs
+        })
+    }
+
+    /// `sendToContext` for work that a context might drop (`WatchedWork`), unless the
+    /// context is one of Dispatch's queues; `dropped` runs if it does.
+    final func sendToContext(_ work: @escaping @Sendable () -> Void, ifDropped dropped: @escaping @Sendable () -> Void) {
         if handlerPlace == .defaultQueue || storedContext.pointee.runsEveryWork { return sendToContext(work) }
-        sendToContext(WatchedWork(settling: self, work).work)
+        sendToContext(WatchedWork(work, ifDropped: dropped).work)
     }
 
     /// A `ContextDerivedPromise`'s context (see `DerivedLayout.contextOffset`).

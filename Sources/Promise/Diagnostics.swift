@@ -72,6 +72,11 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         ///
         /// (`kept` now holds that error; freed unread, it is reported as well, as an
         /// `unhandledRejection`.)
+        ///
+        /// Reported too, once, for a promise whose handler, or `Promise(on:_:)` work, its
+        /// context let go of unrun (an executor shut down, an `OperationQueue` whose
+        /// operations were cancelled): it rejects with `PromiseError.brokenPromise`, and
+        /// the event's sentence says so; that rejection is not reported again as unhandled.
         case brokenPromise
         /// A rejected promise was freed before any observer saw its error (no `catch`,
         /// `recover`, `whenComplete`, `await`, `wait`, child or combinator read it): the
@@ -112,6 +117,8 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
     /// if let site = event.creationSite { print("made at \(site)") }
     /// ```
     public let creationSite: PromiseCreationSite?
+    /// For `.brokenPromise`: the promise was not freed, its context let go of its work.
+    let workDropped: Bool
 
     /// The event as a sentence, for a log line.
     ///
@@ -123,6 +130,8 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
     public var description: String {
         let promise = "a \(promiseType)" + (creationSite.map { " made at \($0)" } ?? "")
         switch kind {
+        case .brokenPromise where workDropped:
+            return "\(promise) lost its work: the context it was handed to let go of it unrun, so it rejects with PromiseError.brokenPromise"
         case .brokenPromise:
             return "\(promise) was freed while pending, with observers waiting: they receive PromiseError.brokenPromise"
         case .unhandledRejection(let error):
@@ -168,11 +177,12 @@ public enum PromiseDiagnostics {
     /// Whether a handler is set (one load): for a report that costs something to decide.
     static var isEnabled: Bool { DiagnosticsHandlerWord.isSet }
 
-    /// Reports `kind` for `promise`, if a handler is set.
-    static func report(_ kind: PromiseDiagnostic.Kind, for promise: AnyPromise) {
+    /// Reports `kind` for `promise`, if a handler is set; `workDropped` for a
+    /// `.brokenPromise` whose context let go of its work (see `PromiseDiagnostic.Kind`).
+    static func report(_ kind: PromiseDiagnostic.Kind, for promise: AnyPromise, workDropped: Bool = false) {
         guard isEnabled, let handler = currentHandler() else { return }
         handler.body(PromiseDiagnostic(kind: kind, promiseType: promise.typeName,
-                                       creationSite: promise.creationSiteIfRecorded))
+                                       creationSite: promise.creationSiteIfRecorded, workDropped: workDropped))
     }
 
     private static func currentHandler() -> Handler? {

@@ -18,7 +18,7 @@ import Dispatch
 /// A context that drops work unrun (an executor shut down) breaks the contract, and the
 /// library answers for it: the child whose handler it dropped, or the promise whose work
 /// it dropped (`Promise(on:_:)`), rejects with `PromiseError.brokenPromise` once the
-/// context lets go of the work (a moment later, on the library's default queue: never
+/// context lets go of the work (a moment later, on a queue of the library's own: never
 /// inside the context's own call), and so does the output of a run that queues its own
 /// steps (`retry`, `sequence`, `all(_:maxConcurrent:)`): nobody waits on it for ever. (A
 /// context that keeps the work and never runs it cannot be told from a slow one.)
@@ -52,16 +52,21 @@ final class RunOnce: @unchecked Sendable {
     }
 }
 
-/// Work that settles `promise`, for a context that might let go of it unrun: an
-/// `OperationQueue` whose operations were cancelled (`cancelAllOperations()` at shutdown),
-/// an event loop or thread pool shut down, a user's context that drops work. The closure
-/// the context gets holds this object and nothing else, so a context that releases it
-/// without running it frees this object with `body` unrun: `deinit` then has `promise`
-/// rejected with `PromiseError.brokenPromise` (nothing else would settle it), a moment
-/// later on the library's default queue, as the runs that queue their own steps
-/// (`retry`, `sequence`) reject their output, instead of leaving whoever waits on it
-/// waiting for ever. A promise settled otherwise meanwhile (a
-/// cancel, its holder) keeps its outcome: the rejection loses its claim.
+/// Work for a context that might let go of it unrun: an `OperationQueue` whose operations
+/// were cancelled (`cancelAllOperations()` at shutdown), an event loop or thread pool shut
+/// down, a user's context that drops work. The closure the context gets holds this object
+/// and nothing else, so a context that releases it without running it frees this object
+/// with `body` unrun, and `deinit` then runs `dropped`: for a handler, the child breaks
+/// (`PromiseError.brokenPromise`, as the runs that queue their own steps, `retry` and
+/// `sequence`, break their output) and lets go of its parent and the handler, as the work
+/// would have; for `Promise(on:_:)`, the promise breaks. So nobody waits on it for ever.
+///
+/// `dropped` runs on one of the library's own lanes (`TimerHeap.send`), a moment later:
+/// not on the thread that let go of the work, which may hold the context's own lock (the
+/// break runs the promise's `.immediate` observers and hands its children to their
+/// contexts, that one's too), and not on Dispatch's global pool, which handlers blocked
+/// in `wait()` may hold (the lanes are serial queues, which Dispatch gives a thread even
+/// then, as it does for timeouts).
 ///
 /// Runs `body` at most once, also on a context that runs its work twice (a broken
 /// contract). Cost: one allocation per hand-off. Dispatch's queues (`.default`, `.main`,
@@ -70,12 +75,12 @@ final class RunOnce: @unchecked Sendable {
 final class WatchedWork: @unchecked Sendable {
     // First stored property: `run` addresses it as the election's word.
     private var ran: UInt = 0
-    private let promise: AnyPromise
     private let body: @Sendable () -> Void
+    private let dropped: @Sendable () -> Void
 
-    init(settling promise: AnyPromise, _ body: @escaping @Sendable () -> Void) {
-        self.promise = promise
+    init(_ body: @escaping @Sendable () -> Void, ifDropped dropped: @escaping @Sendable () -> Void) {
         self.body = body
+        self.dropped = dropped
     }
 
     /// The closure to hand to the context: it holds this object alone.
@@ -94,12 +99,7 @@ final class WatchedWork: @unchecked Sendable {
         // there) happened before this, through the reference count; the load says so
         // to the sanitizers too.
         guard loadWordAcquiring(ranWord) == 0 else { return }
-        // Not on this thread: a context may let go of its work inside its own lock, and
-        // the rejection runs the promise's `.immediate` observers and hands its children
-        // to their contexts (that one's too, which would wait for its own lock). The
-        // library's default queue does it a moment later, outside any call of the context.
-        let promise = self.promise
-        DefaultExecutionContext().execute { promise.rejectAsWorkDropped() }
+        TimerHeap.shared.send(dropped)
     }
 }
 

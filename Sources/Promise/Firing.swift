@@ -72,9 +72,11 @@ extension AnyPromise {
                     errorSideDispatched = true
                     // The work holds the parent itself: `settledParent` stays with
                     // this thread's deferred half, which drops it (rare: an allocation
-                    // more for the closure's captures, and one for its one-shot flag).
+                    // more for the closure's captures, and one for its one-shot flag; on
+                    // a context that might drop it, the watch lets go of the handler).
                     let once = RunOnce()
-                    sendToContext { [source] in if once.claim() { self.runContinuation(parent: source) } }
+                    sendToContext({ [source] in if once.claim() { self.runContinuation(parent: source) } },
+                                  ifDropped: { if once.claim() { self.continuation = nil } })
                 }
                 deferOnThisThread()
                 return

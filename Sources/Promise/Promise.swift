@@ -127,10 +127,10 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         self.init(file: file, line: line)
         // Once, also on a context that runs its work twice (a broken contract); a context
         // that drops it unrun breaks the promise (see `WatchedWork`).
-        let watched = WatchedWork(settling: self) { [self] in
+        let watched = WatchedWork({ [self] in
             guard !self.isClaimedAsCancel else { return }  // cancelled before it ran
             self.settle(work)
-        }
+        }, ifDropped: { [self] in self.rejectAsWorkDropped() })
         context.execute(watched.work)
     }
 

@@ -41,7 +41,9 @@ public enum PromiseError: Error, Sendable {
     /// The promise this one waited for was freed before anyone settled it: its last
     /// reference went away while it was pending, so it never could be settled. Delivered
     /// to everything still waiting on it (children, observers, `await`ers, `wait()`
-    /// callers, combinators), as folly's `BrokenPromise`.
+    /// callers, combinators), as folly's `BrokenPromise`. Also the error of a promise
+    /// whose work its context let go of unrun (an executor shut down: see
+    /// `ExecutionContext`), which nothing else would settle.
     ///
     /// ```swift
     /// let name = lookup().then { $0.name }   // lookup's promise is dropped unsettled
@@ -73,7 +75,8 @@ extension PromiseError: CustomStringConvertible {
     ///
     /// ```swift
     /// print(PromiseError.brokenPromise)
-    /// // the promise was dropped before it was settled: nothing can settle it any more
+    /// // the promise was dropped before it was settled, or its work was dropped unrun:
+    /// // nothing can settle it any more
     /// ```
     public var description: String {
         switch self {
@@ -87,7 +90,7 @@ extension PromiseError: CustomStringConvertible {
             let more = errors.count > 3 ? "; and \(errors.count - 3) more" : ""
             return "every input was rejected (\(errors.count) error\(errors.count == 1 ? "" : "s"): \(listed)\(more))"
         case .brokenPromise:
-            return "the promise was dropped before it was settled: nothing can settle it any more"
+            return "the promise was dropped before it was settled, or its work was dropped unrun: nothing can settle it any more"
         case .cycle:
             return "the promise would wait on itself: it follows a chain of promises that leads back to it"
         case .invalidArgument(let explanation):

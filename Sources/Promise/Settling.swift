@@ -16,9 +16,13 @@ extension AnyPromise {
     /// The work that was to settle this promise (its handler, or `Promise(on:_:)`'s
     /// work) was let go of unrun by its context (`WatchedWork`): nothing else will settle
     /// it, so it rejects with `PromiseError.brokenPromise`, as its holder's `reject`
-    /// would (losing to a settle or a cancel that came first).
+    /// would (losing to a settle or a cancel that came first), and the diagnostics hook
+    /// hears of it once, as a broken promise whose work was dropped, not again as an
+    /// unhandled rejection when it is freed.
     final func rejectAsWorkDropped() {
-        _ = settleFailure(PromiseError.brokenPromise, as: PC_REJECTED)
+        guard settleFailure(PromiseError.brokenPromise, as: PC_REJECTED) else { return }
+        PromiseDiagnostics.report(.brokenPromise, for: self, workDropped: true)
+        noteErrorSeen()
     }
 
     /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a

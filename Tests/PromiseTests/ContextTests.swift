@@ -869,6 +869,60 @@ extension ContextTests {
         XCTAssertEqual(value(inline), -1)
     }
 
+    /// The break does not wait for a thread of Dispatch's global pool: `.default` handlers
+    /// blocked in `wait()` on the child whose handler was dropped hold that pool, and get
+    /// the break all the same (before, from the default queue, it came seconds late or
+    /// after they had timed out).
+    func testADroppedHandlerBreaksWhileTheGlobalPoolIsBlocked() {
+        let context = HoldingContext()
+        let parent = Promise<Int>()
+        let child = parent.then(on: context) { $0 }
+        parent.fulfill(1)
+        let blocked = Counter()
+        let waiters = (0..<32).map { _ in
+            Promise(value: 0).then(on: .default) { _ -> Bool in
+                blocked.increment()
+                do { _ = try child.wait(timeout: .seconds(8)) } catch PromiseError.brokenPromise { return true } catch {}
+                return false
+            }
+        }
+        _ = eventually(timeout: 2) { blocked.value >= 8 }  // the pool's threads are taken
+        context.dropAll()
+        for waiter in waiters {
+            XCTAssertEqual(try? waiter.wait(timeout: .seconds(20)), true, "a blocked waiter timed out before the break")
+        }
+    }
+
+    /// A child locked in by its holder (`resolve(with:)`) before its context let go of its
+    /// handler settles as the promise it follows, and lets go of its parent and of the
+    /// handler's captures at once, as the work would have; so does the error side of a
+    /// cancelled parent that the context let go of (before, both kept them while the
+    /// child was held).
+    func testADroppedHandlerLetsGoOfItsParentAndCapturesWhateverTheChildsState() {
+        let tracker = LifeTracker()
+        let context = HoldingContext()
+        var parent: Promise<Int>? = Promise<Int>()
+        weak let weakParent = parent
+        let capture = Payload(bytes: [1], tracker: tracker)
+        let following = parent!.then(on: context) { $0 + capture.bytes.count }
+        let other = Promise<Int>()
+        following.resolve(with: other)
+        let cancelled = Promise<Int>()
+        let cleanUp = cancelled.recover(on: context) { _ in capture.bytes.count }
+        _ = consume capture
+        parent?.fulfill(1)
+        parent = nil
+        cancelled.cancel()
+        XCTAssertEqual(context.count, 2)
+        context.dropAll()
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "the dropped handlers' captures are kept")
+        XCTAssertTrue(eventually { weakParent == nil }, "the locked-in child keeps its parent")
+        XCTAssertTrue(following.isPending, "locked in: it settles as the promise it follows")
+        other.fulfill(5)
+        XCTAssertEqual(value(following), 5)
+        XCTAssertTrue(cleanUp.isCancelled)
+    }
+
     #if Foundation  // the package trait, on by default
     /// `cancelAllOperations()` at shutdown cancels the operations that carry handlers
     /// before they start: each child breaks once the queue lets go of its operation,

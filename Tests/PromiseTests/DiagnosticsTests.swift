@@ -479,4 +479,28 @@ final class DiagnosticsTests: XCTestCase {
             output.cancel()
         }
     }
+
+    /// Work a context let go of unrun is reported once, as a broken promise whose work
+    /// was dropped, with the site where it was made: not as a promise freed pending (it
+    /// was not), and not again as an unhandled rejection once freed unread. Before, a
+    /// fire-and-forget child so broken was reported as an unhandled rejection saying the
+    /// promise had been dropped, and `Promise(on:)`'s work not at all.
+    func testWorkADroppingContextLetGoOfIsReportedOnceAsLost() {
+        struct LostWorkMarker: Sendable {}
+        let line: UInt = #line + 1
+        do { _ = Promise(value: 1).then(on: DroppingContext()) { _ in LostWorkMarker() } }
+        let work = Promise<LostWorkMarker>(on: DroppingContext()) { LostWorkMarker() }
+        XCTAssertNotNil(error(work))
+        XCTAssertTrue(eventually { self.events(about: "Promise<LostWorkMarker>").count >= 2 })
+        _ = try? Promise<Void>.after(.milliseconds(50)).wait(timeout: testTimeout)  // a second report, had it come
+        let reported = events(about: "Promise<LostWorkMarker>")
+        XCTAssertEqual(reported.count, 2, "\(reported)")
+        for event in reported {
+            guard case .brokenPromise = event.kind else { return XCTFail("\(event)") }
+            XCTAssertTrue(event.description.contains("lost its work: the context it was handed to let go of it unrun"), "\(event)")
+        }
+        #if DEBUG
+        XCTAssertTrue(reported.contains { $0.creationSite?.line == line + 1 }, "\(reported)")
+        #endif
+    }
 }
