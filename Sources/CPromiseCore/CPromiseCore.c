@@ -832,12 +832,6 @@ bool pc_gate_leave(uintptr_t *gate, bool request) {
 /* ---- locked words ----------------------------------------------------------------- */
 
 
-uintptr_t pc_word_advance(uintptr_t *word) {
-    /* full: ordered after the caller's claim and before its later stores; a reader whose
-     * acquire (pc_word_load) sees the new count sees what the caller did before. */
-    return (uintptr_t)AO_fetch_and_add1_full(PC_WORD(word)) + 1;
-}
-
 bool pc_word_publish(uintptr_t *word, uintptr_t value) {
     if ((value & PC_WORD_LOCKED) != 0 || value == 0) {
         pc_die("pc_word_publish", "value is 0 or has the lock bit", value);

@@ -584,7 +584,6 @@ enum TreeFlag {
     static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
     static var retired: UInt { UInt(PC_TREE_RETIRED) }
     static var retiring: UInt { UInt(PC_TREE_RETIRING) }
-    static var inFollowRun: UInt { UInt(PC_TREE_IN_FOLLOW_RUN) }
 }
 
 extension AnyPromise {
@@ -836,11 +835,6 @@ func takeWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
 /// other (`pc_word_take_marked`).
 func takeWordIfMarked(_ word: UnsafeMutablePointer<UInt>, mask: UInt) -> UInt {
     pc_word_take_marked(word, mask)
-}
-
-/// Adds one to a process-wide count and returns the new value (`pc_word_advance`: full).
-func advanceWord(_ word: UnsafeMutablePointer<UInt>) -> UInt {
-    pc_word_advance(word)
 }
 
 /// A one-shot election (`pc_once`): true for the one caller that set the flag.

@@ -84,12 +84,6 @@ extension AnyPromise {
     /// Records `source` as the promise this one follows, holding its memory, then fences:
     /// only for the thread whose claim to FOLLOWING won, once, right after it.
     final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
-        // A pending child that a recorded run of the cycle check passed on its way to the
-        // child's parent waits on its followee from now on, not its parent: no record made
-        // so far may be trusted (see `WaitWalk.waits`). Read after our claim (a full CAS),
-        // before our walk; pairs with the walk's mark (a full read-modify-write) before it
-        // reads our claim: either the walk sees us locked in, or we see the mark.
-        if treeFlags & TreeFlag.inFollowRun != 0 { FollowRunEpoch.advance() }
         let address = HeldMemory.hold(Unmanaged.passUnretained(source))
         // Release: a canceller or a cycle check that reads the word sees `source`'s address
         // only once its hold is in place.
@@ -113,41 +107,23 @@ extension AnyPromise {
         return HeldMemory.promiseIfAlive(at: address)
     }
 
-    /// Where the cycle check found this follower's run of waits to end (`WaitWalk`: the
-    /// promise pending and following nothing where its single links stopped), its memory
-    /// held, if that record was made at follow-run epoch `epoch`; nil if none was, or one
-    /// was made at another epoch (a pending child it passed may have locked in since). Set
-    /// once, so the address stays valid while this promise is alive.
-    final func followChainEndAddress(recordedAt epoch: UInt) -> UnsafeMutableRawPointer? {
-        guard let rare = existingRareState, loadWordAcquiring(rare.chainEndEpochWord) == epoch << 1 else { return nil }
-        return UnsafeMutableRawPointer(bitPattern: loadWordAcquiring(rare.chainEndWord))
+    /// Where the cycle check last found this follower's run of follow links to end
+    /// (`WaitWalk`: a promise pending and following nothing, met through followers only),
+    /// its memory held; nil if none was recorded. Set once, so it stays valid while this
+    /// promise is alive.
+    final var followChainEndAddress: UnsafeMutableRawPointer? {
+        existingRareState.flatMap { UnsafeMutableRawPointer(bitPattern: loadWordAcquiring($0.chainEndWord)) }
     }
 
-    /// Records `end` as where this follower's run of waits ends, seen by a walk that read
-    /// follow-run epoch `epoch` before it looked at the run, if nothing was recorded yet
-    /// (see `followChainEndAddress`). The follower holds `end`'s memory (a bare object
-    /// once `end` died) until it dies itself, settled or not: one object at most, as its
-    /// followee link holds.
-    final func recordFollowChainEnd(_ end: AnyPromise, epoch: UInt) {
-        let rare = rareState
-        guard loadWordAcquiring(rare.chainEndWord) == 0 else { return }
+    /// Records `end` as where this follower's run of follow links ends, if nothing was
+    /// recorded yet (see `followChainEndAddress`). The follower holds `end`'s memory (a
+    /// bare object once `end` died) until it dies itself, settled or not: one object
+    /// at most, as its followee link holds.
+    final func recordFollowChainEnd(_ end: AnyPromise) {
+        let word = rareState.chainEndWord
+        guard loadWordAcquiring(word) == 0 else { return }
         let address = HeldMemory.hold(Unmanaged.passUnretained(end))
-        guard publishWordOnce(rare.chainEndWord, address) else {
-            return HeldMemory.release(UnsafeMutableRawPointer(bitPattern: address).unsafelyUnwrapped)
-        }
-        // Release, after the end: a reader that loads this epoch sees the end. Until it
-        // is stored a reader finds 0, which no walk trusts (the count starts at 1).
-        // Shifted: the word's lowest bit is a locked word's lock, which stores refuse.
-        storeWord(rare.chainEndEpochWord, epoch << 1)
-    }
-
-    /// Marks this pending child as passed by a walk that may record a run through it on
-    /// its way to its parent (`PC_TREE_IN_FOLLOW_RUN`), then reads its claim again: the
-    /// walk's side of the pairing in `recordFollowee`. A full read-modify-write the first
-    /// time; once set, the load that finds it (a lock-in after the first mark sees it).
-    final func markInFollowRunAndReadClaim() -> UInt {
-        _ = setTreeFlag(TreeFlag.inFollowRun)
-        return claimHint
+        if !publishWordOnce(word, address) { HeldMemory.release(UnsafeMutableRawPointer(bitPattern: address).unsafelyUnwrapped) }
     }
 
     /// Called by a promise that locked in to follow `source`, recorded the link and
@@ -283,29 +259,6 @@ extension AnyPromise {
     }
 }
 
-/// The process-wide count of lock-ins of pending children that a cycle check's recorded
-/// run passed (`PC_TREE_IN_FOLLOW_RUN`): a recorded end is trusted only by a walk that
-/// read the count it was made at (see `WaitWalk.waits`). Such lock-ins are rare (a run
-/// through a child is recorded only in chains that alternate followers and pending
-/// children), so the word stays shared in every cache; a walk loads it once.
-final class FollowRunEpoch: @unchecked Sendable {
-    private static let shared = FollowRunEpoch()
-    // First stored property: its address is the object's stored properties'. Starts at 1
-    // and only grows, so a record's epoch word still 0 (its end published, its epoch not
-    // stored yet) matches no walk.
-    private var count: UInt = 1
-
-    private var word: UnsafeMutablePointer<UInt> {
-        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
-    }
-
-    /// The count (acquire: a record made at it was made after the lock-ins it counts).
-    static var current: UInt { loadWordAcquiring(shared.word) }
-
-    /// A marked child locked in: every record made so far is stale.
-    static func advance() { _ = advanceWord(shared.word) }
-}
-
 /// The walk of `wouldWaitOnItself`: from a promise, along what it waits on, looking for
 /// the target (the promise that locks in).
 ///
@@ -341,9 +294,6 @@ struct WaitWalk {
     private var branched = false
     /// Whether the walk may skip along recorded ends of follow runs (see `waits`).
     private let usesChainEnds: Bool
-    /// The follow-run epoch read before the walk looked at anything: the records it may
-    /// trust, and the one it makes, carry it (see `waits`).
-    private let epoch: UInt
     /// The followers whose recorded end it took (none: it skipped nothing); taking one
     /// twice means it went round a loop that skipped the target (see `waits`).
     private var chainEndsTaken: Set<UnsafeMutableRawPointer> = []
@@ -361,7 +311,6 @@ struct WaitWalk {
     init(target: AnyPromise, usesChainEnds: Bool = false) {
         self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
         self.usesChainEnds = usesChainEnds
-        epoch = usesChainEnds ? FollowRunEpoch.current : 0
     }
 
     /// Whether `source` waits on `target` (the promise that locks in): the walk from a
@@ -370,36 +319,23 @@ struct WaitWalk {
     /// Linear chains of followers, however they were built: a chain built inner-first
     /// whose every level is observed before it locks in walks, at each new level, the
     /// whole chain below it, which made such chains quadratic. So, before it branches,
-    /// the walk records, at the first follower of each run of single links it walks
-    /// (followees, and pending parents of pending children: a follower of a `map` of the
-    /// level below, say), where the run ended (a pending promise that follows nothing and
-    /// has no parent it waits on: a root, a combinator's output, a `timeout` child), and
-    /// a later walk that meets that follower skips there.
-    ///
-    /// Why the skip is sound. A follower's link is written once, and so is a child's
-    /// parent link; so while every promise of the run still waits as it did, the skip
-    /// leads where the links would. One that settled ends its chain for the exact walk,
-    /// which the skip does not see: the skipping walk reaches everything the exact one
-    /// does, and more only through promises settled meanwhile (which stop waiting), so its
-    /// "no" is exact, and a "yes" that took a skip is asked again of the exact walk. A
-    /// pending child of the run may also lock in to follow another promise, and then waits
-    /// on that one, not its parent: the walk marks each such child it passes
-    /// (`PC_TREE_IN_FOLLOW_RUN`) before it reads its claim, a child that locks in reads
-    /// its mark after its claim and then advances a process-wide count
-    /// (`FollowRunEpoch`), and a record is trusted only by walks that read the count it
-    /// was made at. Such a child's own check walks without skips (a run through it would
-    /// skip it). The skip may also jump over the target itself, when another walk
-    /// recorded the run while the target was locking in: then the walk goes round a loop
-    /// of skips (a cycle through the target, seen from after it) and takes one skip
-    /// twice, and the exact walk answers instead. Each follower records one end, once;
-    /// the end it holds (by its memory) may be stale, and the walk goes on from there.
-    ///
-    /// Cost: a chain walked inner-first takes O(1) steps per new level, and one
-    /// allocation (the follower's rare state) per recorded end; a child passed inside a
-    /// run, one read-modify-write the first time.
+    /// the walk records, at the first follower of each run of follow links it walks,
+    /// where the run ended (a pending promise that follows nothing: a root, a child
+    /// waiting on its parent, a combinator's output), and a later walk that meets that
+    /// follower skips there. Links are written once, so while every follower of the run
+    /// is still pending the skip leads where the links would; a follower of it that
+    /// settled ends its chain for the exact walk, which the skip does not see. So the
+    /// skipping walk reaches everything the exact one does, and more only through
+    /// followers settled meanwhile (which stop waiting): its "no" is exact, and a "yes"
+    /// that took a skip is asked again of the exact walk. The skip may also jump over the
+    /// target itself, when another walk recorded the run while the target was locking in:
+    /// then the walk goes round a loop of skips (a cycle through the target, seen from
+    /// after it) and takes one skip twice, and the exact walk answers instead. Each
+    /// follower records one end, once; the end it holds (by its memory) may be stale, and
+    /// the walk goes on from there. Cost: a chain walked inner-first takes O(1) steps per
+    /// new level, and one allocation (the follower's rare state) per recorded end.
     static func waits(from source: AnyPromise, on target: AnyPromise) -> Bool {
-        let marked = target.treeFlags & TreeFlag.inFollowRun != 0
-        var walk = WaitWalk(target: target, usesChainEnds: !marked)
+        var walk = WaitWalk(target: target, usesChainEnds: true)
         let reached = walk.reaches(from: source)
         guard !walk.chainEndsTaken.isEmpty && (reached || walk.loopedThroughChainEnds) else { return reached }
         var exact = WaitWalk(target: target)
@@ -459,29 +395,23 @@ struct WaitWalk {
     private mutating func follow(from start: AnyPromise, claim startClaim: UInt? = nil, remembering: Bool) -> End {
         var current = start
         var claimRead = startClaim
-        // The first follower of the run of single links being walked, and how many links
+        // The first follower of the run of follow links being walked, and how many links
         // the run has taken (see `waits`): unbranched walks that skip only.
         var runStart: AnyPromise? = nil
         var runLinks = 0
         while true {
             let next: UnsafeMutableRawPointer?
-            var claim = claimRead ?? current.claimHint
+            let claim = claimRead ?? current.claimHint
             claimRead = nil
-            let skipping = usesChainEnds && !branched
-            if claim == UInt(PC_CLAIM_FREE), skipping, runStart != nil, current.isPending, current.parentAddress != nil,
-               current.parentWord & ParentLink.settledBesidesParent == 0 {
-                // A pending child inside a run: marked before its claim is read again, so
-                // that a lock-in of it from now on makes the record stale (see `waits`).
-                claim = current.markInFollowRunAndReadClaim()
-            }
             if claim == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
+                let skipping = usesChainEnds && !branched
                 if skipping {
                     if runStart == nil { runStart = current }
                     runLinks += 1
                 }
-                if skipping, let end = current.followChainEndAddress(recordedAt: epoch) {
+                if skipping, let end = current.followChainEndAddress {
                     let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
                     guard chainEndsTaken.insert(taken).inserted else {
                         loopedThroughChainEnds = true
@@ -493,19 +423,21 @@ struct WaitWalk {
                 }
             } else if !current.isPending {
                 return .elsewhere
-            } else if let parent = current.parentAddress,
-                      current.parentWord & ParentLink.settledBesidesParent == 0 {
-                // A pending child waits on its pending parent: the run goes on through it.
-                if skipping && runStart != nil { runLinks += 1 }
-                next = parent
             } else {
-                // Pending, following nothing, waiting on no parent (a root, a combinator's
-                // output, or a child something else settles too: `timeout`'s, whose timer
-                // may): the run of single links ends here.
-                if let first = runStart, runLinks >= 2 { first.recordFollowChainEnd(current, epoch: epoch) }
-                if current.parentAddress != nil { return .elsewhere }
-                if let settler = current.settlerIfAlive { return .combinator(settler, output: current) }
-                return .elsewhere
+                // Pending and following nothing: the run of follow links ends here.
+                if let first = runStart, runLinks >= 2 { first.recordFollowChainEnd(current) }
+                runStart = nil
+                runLinks = 0
+                if let parent = current.parentAddress {
+                    // A child waits on its parent while it is pending, unless something
+                    // else settles it too (`timeout`'s timer).
+                    guard current.parentWord & ParentLink.settledBesidesParent == 0 else { return .elsewhere }
+                    next = parent
+                } else if let settler = current.settlerIfAlive {
+                    return .combinator(settler, output: current)
+                } else {
+                    return .elsewhere
+                }
             }
             guard let next else { return .elsewhere }
             if next == target { return .target }

@@ -117,8 +117,8 @@ final class RareState: @unchecked Sendable {
     // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
     // value stays 0), a root's followee word (see `AnyPromise.followeeWord`) and a run
     // output's link to its run (`runWord`). A tuple keeps them in this order.
-    private final var header: Header = (pc_node(), 0, 0, 0, 0, 0)
-    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt, chainEnd: UInt, chainEndEpoch: UInt)
+    private final var header: Header = (pc_node(), 0, 0, 0, 0)
+    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt, chainEnd: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
     private var sourceRetain: Unmanaged<AnyPromise>?
     /// The reason of a cancel forwarded through the promise after it had settled: written
@@ -156,14 +156,6 @@ final class RareState: @unchecked Sendable {
     /// that holds this promise may try it.
     final var chainEndWord: UnsafeMutablePointer<UInt> {
         (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.chainEnd)!)
-            .assumingMemoryBound(to: UInt.self)
-    }
-
-    /// The follow-run epoch (`FollowRunEpoch`) the walk that recorded `chainEndWord` read
-    /// before it looked at the run, shifted left by one; stored (release) by that walk once its record won, so
-    /// a reader that loads it (acquire) before the end sees the end. 0 until then.
-    final var chainEndEpochWord: UnsafeMutablePointer<UInt> {
-        (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.chainEndEpoch)!)
             .assumingMemoryBound(to: UInt.self)
     }
 

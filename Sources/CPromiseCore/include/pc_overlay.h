@@ -17,7 +17,6 @@
  *   pc_word_lock    any thread, cold paths only      blocking: a spin lock (then yields) whose
  *                                                    holders run a few instructions
  *   pc_word_publish any thread                       wait-free (one CAS)
- *   pc_word_advance any thread                       wait-free (one fetch-and-add)
  *   pc_word_take    any thread                       lock-free (CAS loop; ends once the word is 0)
  *   pc_word_take_marked                              (the same; or once it is unmarked)
  *   pc_word_load,   any thread (see "locked words")  wait-free (one load or store)
@@ -144,14 +143,6 @@ bool pc_word_publish(uintptr_t *_Nonnull word, uintptr_t value);
  * the target's initialisation to a reader that later loads the value).
  */
 void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
-
-/*
- * Adds one to a never-locked word and returns the new value: a process-wide count that
- * readers compare with a value they recorded (the overlay's follow-run epoch). Full: the
- * caller's read-modify-write before (its claim) and its stores after are not moved across
- * it, and a reader that loads the new value (pc_word_load) sees what came before.
- */
-uintptr_t pc_word_advance(uintptr_t *_Nonnull word);
 
 /*
  * Moves a never-locked word to 0 and returns what it held (0 if it was 0 already): of

@@ -70,12 +70,7 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        its second look at the reference counts, then turned
                                        into RETIRED or cleared (pc_tree_flags_update); a
                                        reader waits it out (pc_tree_flags_after_fence) */
-#define PC_TREE_IN_FOLLOW_RUN 256u  /* the overlay's cycle check recorded a run of waits that
-                                       passed this pending child on its way to the child's
-                                       parent: a lock-in of the child, which changes what it
-                                       waits on, makes such records stale. Set once, never
-                                       cleared */
-#define PC_TREE_COUNT_SHIFT 9u      /* the registry's link count sits above the nine bits */
+#define PC_TREE_COUNT_SHIFT 8u      /* the registry's link count sits above the eight bits */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
