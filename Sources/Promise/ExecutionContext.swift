@@ -25,11 +25,11 @@ import Dispatch
 /// Dispatch's queues run every block, so work for them goes as it is; for any other
 /// context, the watch costs an allocation per handler sent. A context that runs work
 /// twice breaks it too; the library then runs each handler, observer and step once, and
-/// ignores the second run. A context that runs work inside `execute` (an executor that runs it at
-/// once when called on its own thread, say) breaks it as well, and gets Zalgo; but a long
-/// chain of handlers on it cannot overflow the stack: a call to `execute` that would be
-/// nested in 16 others on one thread is queued instead, and made, in order, on that
-/// thread, once the outermost call returns (so each handler still runs inside its
+/// ignores the second run. A context that runs work inside `execute` (an executor that
+/// runs it at once when called on its own thread, say) breaks it as well, and gets Zalgo;
+/// but a long chain of handlers on it cannot overflow the stack: a call to `execute` that
+/// would be nested in 16 others on one thread is queued instead, and made, in order, on
+/// that thread, once the outermost call returns (so each handler still runs inside its
 /// context's `execute`). A handler that blocks that deep waiting for one of those queued
 /// handlers waits for ever, as with `.immediate` (see `wait()`).
 public protocol ExecutionContext: Sendable {
