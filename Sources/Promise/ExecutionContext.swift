@@ -43,13 +43,22 @@ public protocol ExecutionContext: Sendable {
 /// its own to take (a handler's hold on its parent, an observer's source); and for two
 /// parties that race to be first (a Task settling its promise, and the hook that cancels
 /// the Task when the promise settles otherwise).
-final class RunOnce: @unchecked Sendable {
+class RunOnce: @unchecked Sendable {
     // First stored property: `claim` addresses it as the election's word.
     private var claimed: UInt = 0
 
-    func claim() -> Bool {
-        electOnce(_getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self))
+    private final var claimedWord: UnsafeMutablePointer<UInt> {
+        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
     }
+
+    final func claim() -> Bool {
+        electOnce(claimedWord)
+    }
+
+    /// Whether a caller claimed it. Acquire: a claim on another thread that happened
+    /// before (through the reference count, for a `WatchedWork`'s deinit) is seen, and
+    /// the load says so to the sanitizers too.
+    final var wasClaimed: Bool { loadWordAcquiring(claimedWord) != 0 }
 }
 
 /// Work for a context that might let go of it unrun: an `OperationQueue` whose operations
@@ -72,33 +81,25 @@ final class RunOnce: @unchecked Sendable {
 /// contract). Cost: one allocation per hand-off. Dispatch's queues (`.default`, `.main`,
 /// a `DispatchQueue`, `.concurrent(queue)`) run every block they are given, so work for
 /// them goes as it is (`StoredContext.runsEveryWork`).
-final class WatchedWork: @unchecked Sendable {
-    // First stored property: `run` addresses it as the election's word.
-    private var ran: UInt = 0
+final class WatchedWork: RunOnce, @unchecked Sendable {
     private let body: @Sendable () -> Void
     private let dropped: @Sendable () -> Void
 
     init(_ body: @escaping @Sendable () -> Void, ifDropped dropped: @escaping @Sendable () -> Void) {
         self.body = body
         self.dropped = dropped
+        super.init()
     }
 
     /// The closure to hand to the context: it holds this object alone.
     var work: @Sendable () -> Void { { self.run() } }
 
-    private var ranWord: UnsafeMutablePointer<UInt> {
-        _getUnsafePointerToStoredProperties(self).assumingMemoryBound(to: UInt.self)
-    }
-
     private func run() {
-        if electOnce(ranWord) { body() }
+        if claim() { body() }
     }
 
     deinit {
-        // Acquire: a run on another thread (a context that ran the work and released it
-        // there) happened before this, through the reference count; the load says so
-        // to the sanitizers too.
-        guard loadWordAcquiring(ranWord) == 0 else { return }
+        guard !wasClaimed else { return }  // ran, maybe on another thread (see `wasClaimed`)
         TimerHeap.shared.send(dropped)
     }
 }
