@@ -11,9 +11,10 @@
 //   `brokenPromise`, and every step and value is freed;
 // - two cancels of a settled promise at once: every descendant, queued before or
 //   registered after, takes the reason of the one that won;
-// - a cancel of a promise whose settling thread is still running its `.immediate`
-//   children: a child that waits in that firing batch takes the cancel, and a resolver
-//   (fulfil, reject, resolve) called after the cancel returned loses to it.
+// - a cancel of a promise whose settling thread is still handing out its children (running
+//   an `.immediate` handler, inside a context's `execute`): a child that waits in that
+//   firing batch, on any context, takes the cancel, and a resolver (fulfil, reject,
+//   resolve) called after the cancel returned loses to it.
 import Dispatch
 import Foundation
 @testable import Promise
@@ -367,6 +368,44 @@ final class CancelRaceTests: XCTestCase {
             XCTAssertEqual(error(below) as? TestError, TestError(6), "resolver \(resolver): below \(below.state)")
             XCTAssertEqual(try? slow.wait(timeout: testTimeout), nil, "the running handler's child takes the cancel too")
             XCTAssertFalse(ran.isSet, "resolver \(resolver): the waiting child's handler ran")
+        }
+    }
+
+    /// A context whose `execute` blocks the settling thread until released, then runs the
+    /// work: the children after the one it got wait in that thread's firing batch.
+    private final class BlockingContext: ExecutionContext, @unchecked Sendable {
+        let entered = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        func execute(_ work: @escaping @Sendable () -> Void) {
+            entered.signal()
+            release.wait()
+            work()
+        }
+    }
+
+    /// The same wait for a child whose handler runs on a context: the settling thread,
+    /// held inside the context of the child before it, has not sent it yet, so a cancel
+    /// of `p` from another thread returns before reaching it (it reads pending); the
+    /// settling thread, reaching it, cancels it instead of sending its handler. A
+    /// resolver in between loses.
+    func testAChildOnAContextWaitingInTheFiringBatchTakesTheCancelInsteadOfItsHandler() {
+        for resolver in 0..<2 {
+            let p = Promise<Int>()
+            let blocking = BlockingContext()
+            let first = p.then(on: blocking) { $0 }
+            let ran = Flag()
+            let child = p.then(on: DispatchQueue(label: "CancelRaceTests.queued")) { value -> Int in ran.set(); return value }
+            let settler = Thread { p.fulfill(1) }
+            settler.start()
+            XCTAssertEqual(blocking.entered.wait(timeout: .now() + testTimeoutSeconds), .success)
+            p.cancel(reason: TestError(7))
+            XCTAssertTrue(child.isPending, "the child waits in the firing batch, where no cancel walks")
+            let won = resolver == 0 ? child.fulfill(42) : child.reject(TestError(1))
+            blocking.release.signal()
+            XCTAssertFalse(won, "resolver \(resolver) won over the cancel that came first")
+            XCTAssertEqual(error(child) as? TestError, TestError(7), "resolver \(resolver): child \(child.state)")
+            XCTAssertTrue(child.isCancelled)
+            XCTAssertFalse(ran.isSet, "the child's handler ran after its cancel")
+            XCTAssertEqual(error(first) as? TestError, TestError(7), "the child being sent takes the cancel too")
         }
     }
 }
