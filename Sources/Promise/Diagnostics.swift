@@ -87,10 +87,13 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         /// ```
         case unhandledRejection(any Error)
         /// A promise would have followed itself through a chain of promises; the promises
-        /// of the cycle reject with `PromiseError.cycle`.
+        /// of the cycle reject with `PromiseError.cycle`. Reported for the promise whose
+        /// lock-in closed the cycle, once; the others adopt the error unreported. Two
+        /// lock-ins closing one cycle at the same instant, on two threads, may each see
+        /// it: both promises then reject themselves, and each is reported.
         ///
         /// ```swift
-        /// a.resolve(with: b); b.resolve(with: a)   // reported once
+        /// a.resolve(with: b); b.resolve(with: a)   // reported once, for b
         /// ```
         ///
         /// (Like any rejection, a promise of the cycle freed with its `cycle` error

@@ -321,6 +321,40 @@ final class DiagnosticsTests: XCTestCase {
         XCTAssertEqual(cycles.count, 1, "\(events.values)")
     }
 
+    /// Two lock-ins closing one cycle at the same instant, on two threads, may each see it:
+    /// both promises reject themselves and each is reported. Every round reports the
+    /// cycle, once or twice, never one promise twice.
+    func testACycleClosedFromTwoThreadsAtOnceIsReportedOncePerPromiseThatClosedIt() {
+        var reportedTwice = 0
+        for round in 0..<300 {
+            let before = events(about: "Promise<CycleMarker>").count
+            let lineA: UInt = #line + 1
+            let a = Promise<CycleMarker>()
+            let b = Promise<CycleMarker>()
+            XCTAssertTrue(raceOnThreads(threads: 2, rounds: 1) { thread, _ in
+                if thread == 0 { a.resolve(with: b) } else { b.resolve(with: a) }
+            })
+            for promise in [a, b] {
+                XCTAssertThrowsError(try promise.wait(timeout: testTimeout)) {
+                    guard case PromiseError.cycle? = $0 as? PromiseError else { return XCTFail("round \(round): \($0)") }
+                }
+            }
+            let cycles = events(about: "Promise<CycleMarker>").dropFirst(before).filter {
+                if case .cycle = $0.kind { return true }
+                return false
+            }
+            XCTAssertTrue((1...2).contains(cycles.count), "round \(round): \(cycles)")
+            if cycles.count == 2 {
+                reportedTwice += 1
+                #if DEBUG
+                let sites = Set(cycles.compactMap { $0.creationSite?.line })
+                XCTAssertEqual(sites, [lineA, lineA + 1], "round \(round): one promise reported twice")
+                #endif
+            }
+        }
+        print("a cycle closed from two threads reported for both promises in \(reportedTwice) of 300 rounds")
+    }
+
     func testWithoutAHandlerNothingIsReported() {
         PromiseDiagnostics.setHandler(nil)
         do { Promise<Int>().reject(Marker(id: 5)) }
