@@ -235,7 +235,9 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// without settling it: fulfilled for `all` and `and`, rejected for `any`) rejects
     /// it with `PromiseError.cycle` (Promises/A+ 2.3.1), and with it every promise of the
     /// cycle, which follow it. `p.resolve(with: Promise.race([p, shutdown]))` is no cycle:
-    /// `shutdown` can settle it.
+    /// `shutdown` can settle it. Cycles through combinators are looked for within a
+    /// bounded walk (64 combinators nested in each other's paths, 1,024 promises past the
+    /// first): one that only a longer walk would find stays pending.
     ///
     /// ```swift
     /// let a = Promise<Int>(), b = Promise<Int>()

@@ -53,7 +53,8 @@ public enum PromiseError: Error, Sendable {
     /// A promise would have waited on itself, directly (`p.resolve(with: p)`, a handler
     /// returning its own child), through a cycle of promises following each other
     /// (Promises/A+ 2.3.1), or through a combinator over itself that nothing else can
-    /// settle (`p.resolve(with: Promise.all([p]).map { $0[0] })`).
+    /// settle (`p.resolve(with: Promise.all([p]).map { $0[0] })`), found within the
+    /// cycle check's bounds (see `resolve(with:)`).
     ///
     /// ```swift
     /// let p = Promise<Int>()
