@@ -229,7 +229,7 @@ extension StoredHandler {
             } else if let reason = source.cancellationReason {
                 // Clean-up only: the child stays cancelled, and the work it would have
                 // followed is cancelled with it.
-                (try? body(reason))?.cancel(reason: reason)
+                (try? body(reason))?.cancelOwnedWork(reason: reason)
             }
         }
     }

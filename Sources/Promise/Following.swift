@@ -65,7 +65,7 @@ extension AnyPromise {
     /// publishes after it claims. Rare; an `onCancel` box.
     final func forwardCancelIfClaimed(to source: AnyPromise) {
         guard claimHint == UInt(PC_CANCELLED) else { return }
-        onCancel(withReason: { [source] reason in source.cancel(reason: reason) })
+        onCancel(withReason: { [source] reason in source.cancelOwnedWork(reason: reason) })
     }
 
     /// A child whose parent settled stays pending with work to come: a handler hands it

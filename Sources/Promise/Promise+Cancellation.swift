@@ -38,20 +38,53 @@ extension AnyPromise {
     /// upload.catch { print($0) }   // UserAborted()
     /// ```
     public final func cancel(reason: any Error) {
-        var work: [(promise: AnyPromise, reason: any Error)] = [(self, reason)]
-        while let (promise, reason) = work.popLast() {
-            promise.cancelOne(reason: reason, into: &work)
+        cancelTree(reason: reason, asOwnedWork: false)
+    }
+
+    /// Cancels work a cancelled promise owns (the promise its handler returned, a
+    /// combinator's pending input, a run's step in flight) if it is still pending, and
+    /// what hangs below it. Work that settled before the cancel reached it (an input that
+    /// fulfilled meanwhile) is left alone, with its descendants: its outcome was decided
+    /// first, and its other consumers are no business of the canceller's (the cancel
+    /// would flow sideways). A direct `cancel` of a settled promise still reaches its
+    /// descendants in flight.
+    @usableFromInline
+    final func cancelOwnedWork(reason: any Error) {
+        cancelTree(reason: reason, asOwnedWork: true)
+    }
+
+    /// The walk of `cancel(reason:)` and `cancelOwnedWork(reason:)`: iterative, each
+    /// promise reached with the reason it takes and whether it is owned work.
+    private final func cancelTree(reason: any Error, asOwnedWork: Bool) {
+        var work: [CancelStep] = [CancelStep(promise: self, reason: reason, isOwnedWork: asOwnedWork)]
+        while let step = work.popLast() {
+            step.promise.cancelOne(reason: step.reason, isOwnedWork: step.isOwnedWork, into: &work)
         }
+    }
+
+    /// One promise a cancel must reach next.
+    private struct CancelStep {
+        let promise: AnyPromise
+        let reason: any Error
+        /// Reached as work a cancelled promise owns, not as a descendant: left alone if
+        /// it settled first (see `cancelOwnedWork`).
+        let isOwnedWork: Bool
     }
 
     /// Cancels this promise alone (if pending) and appends to `work` the descendants and
     /// owned work that the cancel must reach next, each with the reason it takes.
-    private final func cancelOne(reason: any Error, into work: inout [(promise: AnyPromise, reason: any Error)]) {
+    private final func cancelOne(reason: any Error, isOwnedWork: Bool, into work: inout [CancelStep]) {
         if let from = settleFailureClaimingFrom(reason, as: PC_CANCELLED) {
             // The promise a handler returned is work we own: the cancel reaches it. (Its
             // link may not be recorded yet: `follow` then forwards the cancel itself.)
-            if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel { work.append((followee, reason)) }
+            if from == PC_CLAIM_FOLLOWING, let followee = followeeToCancel {
+                work.append(CancelStep(promise: followee, reason: reason, isOwnedWork: true))
+            }
             leavePendingSources(claimedFrom: from)
+        } else if isOwnedWork && !isClaimedAsCancel {
+            // Owned work that settled (or was claimed) otherwise first: its outcome stands,
+            // and so do its descendants.
+            return
         } else if isClaimedAsCancel && !isCancelled {
             // Another cancel claimed this promise and has not published yet. Every promise
             // claimed as cancelled walks its registry once published (its own `cancelOne`,
@@ -82,7 +115,7 @@ extension AnyPromise {
             aggregator.appendPendingInputs(to: &inputs)
             if !inputs.isEmpty {
                 let ownReason = failureOrCancellation
-                work += inputs.map { ($0, ownReason) }
+                work += inputs.map { CancelStep(promise: $0, reason: ownReason, isOwnedWork: true) }
             }
             aggregator.retireIfIdle()
         }
@@ -95,7 +128,7 @@ extension AnyPromise {
         var passedOn: (any Error)? = nil
         forEachLinkedChild(reapplyingCancel: false) { child in
             if passedOn == nil { passedOn = cancelReasonForDescendants ?? reason }
-            work.append((child, passedOn.unsafelyUnwrapped))
+            work.append(CancelStep(promise: child, reason: passedOn.unsafelyUnwrapped, isOwnedWork: false))
         }
     }
 

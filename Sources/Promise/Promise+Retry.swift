@@ -182,7 +182,7 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
             return (cancelReason, self.left)
         }
         if let reason {
-            step.cancel(reason: reason)
+            step.cancelOwnedWork(reason: reason)
         } else if left && isPause {
             step.cancel()  // the output settled as the pause was made: the run's own, it goes
         }
@@ -206,7 +206,7 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
             defer { self.step = nil }
             return self.step
         }
-        step?.cancel(reason: reason)
+        step?.cancelOwnedWork(reason: reason)
     }
 
     /// The output settled otherwise (the run fulfilled or rejected it, or its holder did):

@@ -170,7 +170,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
                 // A cancel reaches the step too; any other end leaves it alone. Either way
                 // the run took it, so its error is read (it may have one already).
                 step.noteErrorSeen()
-                if let reason { step.cancel(reason: reason) }
+                if let reason { step.cancelOwnedWork(reason: reason) }
                 return
             }
             StepObserver<Value>(until: output) { [self] result in
@@ -212,13 +212,13 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
         let reason = CancellationError()
         guard let steps = stopTakingSteps(reason: reason) else { return }  // stopped already
         if output.reject(error) {
-            for step in steps { step.cancel(reason: reason) }
+            for step in steps { step.cancelOwnedWork(reason: reason) }
         } else if output.isClaimedAsCancel {
             // A cancel came first (claimed, perhaps not published yet), and its hook finds
             // the run stopped: the cancel reaches what is in flight from here, with its
             // reason, once published (at once if it is).
             output.onCancel(withReason: { cancelReason in
-                for step in steps { step.cancel(reason: cancelReason) }
+                for step in steps { step.cancelOwnedWork(reason: cancelReason) }
             })
         } else {
             // Settled or locked in meanwhile by someone else: what is in flight goes on.
@@ -230,7 +230,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     /// output settled otherwise), leaves them: the observers on them give up.
     private func stop(cancelling reason: (any Error)?) {
         for step in stopTakingSteps(reason: reason) ?? [] {
-            if let reason { step.cancel(reason: reason) } else { step.runStoppedWatching() }
+            if let reason { step.cancelOwnedWork(reason: reason) } else { step.runStoppedWatching() }
         }
     }
 

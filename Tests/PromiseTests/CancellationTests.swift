@@ -552,4 +552,74 @@ final class CancellationTests: XCTestCase {
         XCTAssertEqual(seen.values, [true, false])
     }
 
+    // MARK: Owned work that settled first
+
+    /// Calls `hook` when a handler is sent to it (synchronously, on the thread handing
+    /// the handler out), then runs the work on a global queue.
+    private struct HookContext: ExecutionContext {
+        let hook: @Sendable () -> Void
+        func execute(_ work: @escaping @Sendable () -> Void) {
+            hook()
+            DispatchQueue.global().async(execute: work)
+        }
+    }
+
+    private final class Later<T>: @unchecked Sendable { var value: T? }
+
+    /// A combinator's output cancelled reaches its inputs still pending; one that
+    /// fulfilled before the cancel reached it (here, from the `onCancel` of the input
+    /// cancelled first) keeps its value and its consumers, before and after: the cancel
+    /// does not flow sideways into it.
+    func testCancellingACombinatorLeavesAnInputThatFulfilledFirstUsable() {
+        for kind in ["all", "allSettled", "any", "race", "and"] {
+            let a = Promise<Int>(), b = Promise<Int>()
+            let queued = a.then(on: DispatchQueue(label: "CancellationTests.consumer")) { $0 + 1 }
+            b.onCancel { _ = a.fulfill(1) }
+            let output: AnyPromise
+            switch kind {
+            case "all": output = Promise.all([a, b])
+            case "allSettled": output = Promise.allSettled([a, b])
+            case "any": output = Promise.any([a, b])
+            case "race": output = Promise.race([a, b])
+            default: output = a.and(b)
+            }
+            output.cancel()
+            XCTAssertTrue(output.isCancelled, kind)
+            XCTAssertTrue(b.isCancelled, kind)
+            XCTAssertTrue(a.isFulfilled, kind)
+            XCTAssertEqual(a.then(on: .immediate) { $0 + 1 }.state, .fulfilled, "\(kind): a later consumer of the input")
+            XCTAssertEqual(try? queued.wait(timeout: testTimeout), 2, "\(kind): a queued consumer of the input: \(queued.state)")
+        }
+    }
+
+    /// A child cancelled in the instant after the promise its handler returned fulfilled
+    /// (here, while that promise hands out its observers) takes the cancel; the promise it
+    /// followed keeps its value and its other consumers.
+    func testCancellingAFollowerLeavesTheFulfilledPromiseItFollowedUsable() {
+        let child = Later<Promise<Int>>()
+        let shared = Promise<Int>()
+        _ = shared.then(on: HookContext { child.value?.cancel() }) { $0 }
+        child.value = Promise(value: 0).flatMap(on: .immediate) { _ in shared }
+        XCTAssertTrue(shared.fulfill(1))
+        XCTAssertTrue(child.value?.isCancelled ?? false, "\(child.value?.state as Any)")
+        XCTAssertEqual(shared.then(on: .immediate) { $0 + 1 }.state, .fulfilled)
+    }
+
+    /// The same for a run's step in flight: `sequence`, `all(_:maxConcurrent:)` and
+    /// `retry` cancelled as the step fulfils leave the step as it is.
+    func testCancellingARunLeavesAStepThatFulfilledFirstUsable() {
+        for form in 0..<3 {
+            let output = Later<AnyPromise>()
+            let shared = Promise<Int>()
+            _ = shared.then(on: HookContext { output.value?.cancel() }) { $0 }
+            switch form {
+            case 0: output.value = Promise.sequence(on: .immediate, [1]) { _ in shared }
+            case 1: output.value = Promise.all([1], maxConcurrent: 1, on: .immediate) { _ in shared }
+            default: output.value = Promise.retry(attempts: 2, on: .immediate) { shared }
+            }
+            XCTAssertTrue(shared.fulfill(1))
+            XCTAssertTrue(output.value?.isCancelled ?? false, "form \(form): \(output.value?.state as Any)")
+            XCTAssertEqual(shared.then(on: .immediate) { $0 + 1 }.state, .fulfilled, "form \(form)")
+        }
+    }
 }
