@@ -11,10 +11,11 @@ extension AnyPromise {
     /// The parent and siblings are untouched. Handlers registered later on a cancelled
     /// promise yield cancelled children.
     ///
-    /// Cancellation reaches the work a promise owns: its `onCancel` handlers, the Task of
-    /// `Promise { try await ... }`, the promise a handler returned that the child
-    /// follows, the pending inputs of a combinator's output, the step in flight of
-    /// `sequence` and `retry`, and the timer of `after` and `delay`. A promise another
+    /// Cancellation reaches the work a promise owns, while it is pending: its `onCancel`
+    /// handlers, the Task of `Promise { try await ... }`, the promise a handler returned
+    /// that the child follows, the pending inputs of a combinator's output, the step in
+    /// flight of `sequence` and `retry`, and the timer of `after` and `delay`. Owned work
+    /// whose outcome was decided first is left alone, its handlers included. A promise another
     /// thread is settling at that instant may still be handing out its children: those it
     /// has not reached yet take the cancel on that thread, before their handlers run.
     ///
@@ -83,7 +84,9 @@ extension AnyPromise {
             leavePendingSources(claimedFrom: from)
         } else if isOwnedWork && !isClaimedAsCancel {
             // Owned work that settled (or was claimed) otherwise first: its outcome stands,
-            // and so do its descendants.
+            // and so do its descendants. Sound because this writes nothing: a descendant of
+            // ours that the same promise also is (a sibling a handler returned, say) is
+            // reached again through a registry or its ancestor look-up, as a descendant.
             return
         } else if isClaimedAsCancel && !isCancelled {
             // Another cancel claimed this promise and has not published yet. Every promise

@@ -345,7 +345,8 @@ extension Promise {
     /// attempts, whose timer then lets go of the run) and starts no other. A cancelled
     /// attempt is not retried. The run holds only the attempt in flight. (An attempt that
     /// the context was already starting as the cancel came may still call `body`; the
-    /// promise it returns is cancelled at once. Only waiting on `body` could rule that out.)
+    /// promise it returns is cancelled at once if it is still pending. Only waiting on
+    /// `body` could rule that out.)
     ///
     /// `attempts` below 1, or a `backoff` with values out of range (both may come from
     /// configuration), call `body` never and return a promise rejected with

@@ -275,7 +275,7 @@ extension Promise {
     /// inputs holds at most `maxConcurrent` of them (and the results) at a time. Cancelling
     /// the result cancels the work in flight with the same reason and starts no more (a
     /// work the context was already starting as the cancel came may still be called; the
-    /// promise it returns is cancelled at once).
+    /// promise it returns is cancelled at once if it is still pending).
     ///
     /// `maxConcurrent` below 1 (a value from configuration, say) calls `work` never and
     /// returns a promise rejected with `PromiseError.invalidArgument`, which says so.

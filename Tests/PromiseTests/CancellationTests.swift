@@ -622,4 +622,38 @@ final class CancellationTests: XCTestCase {
             XCTAssertEqual(shared.then(on: .immediate) { $0 + 1 }.state, .fulfilled, "form \(form)")
         }
     }
+
+    /// A run whose step rejects rejects its output with that error and stops; it used to
+    /// cancel the rejected step itself on the way, so every later consumer of that step
+    /// saw a cancellation instead of its error.
+    func testARunStoppedByAStepsErrorLeavesThatStepRejected() {
+        for form in 0..<2 {
+            let shared = Promise<Int>()
+            let output = form == 0
+                ? Promise.sequence(on: .immediate, [1]) { _ in shared }
+                : Promise.all([1], maxConcurrent: 1, on: .immediate) { _ in shared }
+            shared.reject(TestError(3))
+            XCTAssertEqual(error(output) as? TestError, TestError(3), "form \(form)")
+            XCTAssertTrue(shared.isRejected, "form \(form): \(shared.state)")
+            let later = shared.recover(on: .immediate) { _ in 7 }
+            XCTAssertEqual(later.state, .fulfilled, "form \(form): a later consumer of the step")
+        }
+    }
+
+    /// An error handler of a cancelled promise that returns a promise already fulfilled
+    /// (a cached answer) leaves it usable: only a returned promise still pending is work
+    /// the cancel reaches.
+    func testARecoverOfACancelledPromiseReturningAFulfilledPromiseLeavesItUsable() {
+        let cached = Promise<Int>(value: 5)
+        let parent = Promise<Int>()
+        let child = parent.recover(on: .immediate) { _ in cached }
+        parent.cancel()
+        XCTAssertTrue(child.isCancelled)
+        XCTAssertEqual(cached.then(on: .immediate) { $0 + 1 }.state, .fulfilled)
+        let pending = Promise<Int>()
+        let cancelledParent = Promise<Int>()
+        _ = cancelledParent.recover(on: .immediate) { _ in pending }
+        cancelledParent.cancel()
+        XCTAssertTrue(pending.isCancelled, "a returned promise still pending is cancelled: \(pending.state)")
+    }
 }
