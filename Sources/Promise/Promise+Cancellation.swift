@@ -15,9 +15,10 @@ extension AnyPromise {
     /// handlers, the Task of `Promise { try await ... }`, the promise a handler returned
     /// that the child follows, the pending inputs of a combinator's output, the step in
     /// flight of `sequence` and `retry`, and the timer of `after` and `delay`. Owned work
-    /// whose outcome was decided first is left alone, its handlers included. A promise another
-    /// thread is settling at that instant may still be handing out its children: those it
-    /// has not reached yet take the cancel on that thread, before their handlers run.
+    /// whose outcome was decided first is left alone, its handlers included. A promise
+    /// another thread is settling at that instant may still be handing out its children:
+    /// those it has not reached yet take the cancel on that thread, before their handlers
+    /// run.
     ///
     /// ```swift
     /// let image = download(url).then { decode($0) }
