@@ -244,6 +244,53 @@ final class CombinatorStressTests: XCTestCase {
             return true
         }
     }
+
+    /// One thread fulfils an input while another cancels an aggregate over it. The cancel
+    /// reaches the input only if it is still pending: an input that fulfilled first keeps
+    /// its value for every consumer, the one queued before and one registered after;
+    /// an input the cancel reached first is cancelled, and so is its consumer.
+    func testCancellingAnAggregateNeverSpoilsAnInputThatFulfilledFirst() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        var fulfilledFirst = 0, cancelledFirst = 0
+        runStressRounds("an aggregate cancelled while an input fulfils", invariants: [
+            "an input that fulfilled keeps its value for its consumers, queued and later",
+            "an input the cancel reached first is cancelled, with its consumer",
+        ], details: { "input fulfilled first \(fulfilledFirst), cancel first \(cancelledFirst)" }) { checker in
+            let round = checker.round
+            let a = Promise<Int>(), b = Promise<Int>()
+            let queued = a.then(on: .immediate) { $0 + 1 }
+            let output: AnyPromise
+            switch round % 5 {
+            case 0: output = Promise.all([a, b])
+            case 1: output = Promise.allSettled([a, b])
+            case 2: output = Promise.any([b, a])
+            case 3: output = Promise.race([b, a])
+            default: output = b.and(a)
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                spin(random.below(1_000))
+                if seat == 0 { _ = a.fulfill(round) } else { output.cancel(reason: StressError(id: 7)) }
+            }
+            guard finished else {
+                checker.fail("the crew did not finish within \(StressConfiguration.roundTimeout)s (deadlock?)")
+                return false
+            }
+            if a.isFulfilled {
+                fulfilledFirst += 1
+                checker.check(Settled(queued) == .fulfilled(round + 1), "the queued consumer of a fulfilled input ended \(Settled(queued))")
+                let later = a.then(on: .immediate) { $0 + 1 }
+                checker.check(Settled(later) == .fulfilled(round + 1), "a later consumer of a fulfilled input ended \(Settled(later))")
+            } else {
+                cancelledFirst += 1
+                checker.check(Settled(a) == .cancelled(.stress(7)), "the input ended \(Settled(a))")
+                checker.check(Settled(queued) == .cancelled(.stress(7)), "its consumer ended \(Settled(queued))")
+            }
+            return true
+        }
+    }
 }
 
 private extension Settled {
