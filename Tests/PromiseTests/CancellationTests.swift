@@ -564,8 +564,6 @@ final class CancellationTests: XCTestCase {
         }
     }
 
-    private final class Later<T>: @unchecked Sendable { var value: T? }
-
     /// A combinator's output cancelled reaches its inputs still pending; one that
     /// fulfilled before the cancel reached it (here, from the `onCancel` of the input
     /// cancelled first) keeps its value and its consumers, before and after: the cancel
@@ -596,12 +594,12 @@ final class CancellationTests: XCTestCase {
     /// (here, while that promise hands out its observers) takes the cancel; the promise it
     /// followed keeps its value and its other consumers.
     func testCancellingAFollowerLeavesTheFulfilledPromiseItFollowedUsable() {
-        let child = Later<Promise<Int>>()
+        let child = Handoff<Promise<Int>>(nil)
         let shared = Promise<Int>()
-        _ = shared.then(on: HookContext { child.value?.cancel() }) { $0 }
-        child.value = Promise(value: 0).flatMap(on: .immediate) { _ in shared }
+        _ = shared.then(on: HookContext { child.peek?.cancel() }) { $0 }
+        child.put(Promise(value: 0).flatMap(on: .immediate) { _ in shared })
         XCTAssertTrue(shared.fulfill(1))
-        XCTAssertTrue(child.value?.isCancelled ?? false, "\(child.value?.state as Any)")
+        XCTAssertTrue(child.peek?.isCancelled ?? false, "\(child.peek?.state as Any)")
         XCTAssertEqual(shared.then(on: .immediate) { $0 + 1 }.state, .fulfilled)
     }
 
@@ -609,16 +607,16 @@ final class CancellationTests: XCTestCase {
     /// `retry` cancelled as the step fulfils leave the step as it is.
     func testCancellingARunLeavesAStepThatFulfilledFirstUsable() {
         for form in 0..<3 {
-            let output = Later<AnyPromise>()
+            let output = Handoff<AnyPromise>(nil)
             let shared = Promise<Int>()
-            _ = shared.then(on: HookContext { output.value?.cancel() }) { $0 }
+            _ = shared.then(on: HookContext { output.peek?.cancel() }) { $0 }
             switch form {
-            case 0: output.value = Promise.sequence(on: .immediate, [1]) { _ in shared }
-            case 1: output.value = Promise.all([1], maxConcurrent: 1, on: .immediate) { _ in shared }
-            default: output.value = Promise.retry(attempts: 2, on: .immediate) { shared }
+            case 0: output.put(Promise.sequence(on: .immediate, [1]) { _ in shared })
+            case 1: output.put(Promise.all([1], maxConcurrent: 1, on: .immediate) { _ in shared })
+            default: output.put(Promise.retry(attempts: 2, on: .immediate) { shared })
             }
             XCTAssertTrue(shared.fulfill(1))
-            XCTAssertTrue(output.value?.isCancelled ?? false, "form \(form): \(output.value?.state as Any)")
+            XCTAssertTrue(output.peek?.isCancelled ?? false, "form \(form): \(output.peek?.state as Any)")
             XCTAssertEqual(shared.then(on: .immediate) { $0 + 1 }.state, .fulfilled, "form \(form)")
         }
     }
