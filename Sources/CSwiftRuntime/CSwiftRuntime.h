@@ -7,6 +7,8 @@
 #ifndef CSWIFTRUNTIME_H
 #define CSWIFTRUNTIME_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,6 +37,17 @@ void swift_unownedRelease(void *_Nonnull object);
  * Declared in HeapObject.h as bool (const void *).
  */
 _Bool swift_isUniquelyReferenced_nonNull_native(const void *_Nonnull object);
+
+/*
+ * The runtime's allocator, what Swift objects are made with: malloc and free when
+ * `alignMask` is at most malloc's own alignment. (The standard library's
+ * UnsafeMutableRawPointer.allocate passes an alignment mask of all ones, which takes the
+ * aligned path, posix_memalign, about 45 instructions more per allocation.) Declared in
+ * the runtime's swift/Runtime/Heap.h as void *(size_t, size_t) and
+ * void (void *, size_t, size_t).
+ */
+void *_Nonnull swift_slowAlloc(size_t size, size_t alignMask);
+void swift_slowDealloc(void *_Nonnull pointer, size_t size, size_t alignMask);
 
 #ifdef __cplusplus
 }

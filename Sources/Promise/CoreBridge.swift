@@ -537,7 +537,8 @@ func registerNode(_ node: UnsafeMutablePointer<pc_node>, firingThrough fire: pc_
     pc_observe(source.corePointer, node)
 }
 
-/// The fire callback of an `ObserverBox` (whenComplete, onCancel, resolve(with:), wait).
+/// The fire callback of an `ObserverBox` (whenComplete on a context, onCancel,
+/// resolve(with:), wait).
 @usableFromInline
 func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let box = CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)
@@ -564,6 +565,46 @@ func observerBoxFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMuta
     } else {
         box.takeRetainedValue().fire()
     }
+}
+
+extension AnyPromise {
+    /// Registers `node` (a fresh `CompletionNode`, which the list then owns) on this
+    /// promise.
+    @usableFromInline
+    final func registerCompletionNode(_ node: UnsafeMutablePointer<CompletionNode>) {
+        let core = UnsafeMutableRawPointer(node).assumingMemoryBound(to: pc_node.self)
+        core.pointee.fire = completionNodeFire
+        pc_observe(corePointer, core)
+    }
+}
+
+/// The fire callback of a `CompletionNode`: deferred to the trampoline with its source,
+/// then run (as `observerBoxFire` does for a box on `.immediate`).
+@usableFromInline
+func completionNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let completion = UnsafeMutableRawPointer(node).assumingMemoryBound(to: CompletionNode.self)
+    if let source {
+        let settled = AnyPromise.owner(ofCore: source)
+        if callerHoldsThroughDeferredWork(source) {
+            // Runs before the settling call returns, whose caller holds the source.
+            completion.pointee.source = UInt(bitPattern: settled.toOpaque())
+            node.pointee.fire = completionNodeRunBorrowingSource
+        } else {
+            completion.pointee.source = UInt(bitPattern: settled.retain().toOpaque())
+        }
+        pc_defer(node)
+    } else {
+        let settled = Unmanaged<AnyPromise>.fromOpaque(UnsafeRawPointer(bitPattern: completion.pointee.source).unsafelyUnwrapped)
+        CompletionNode.run(completion, source: settled.takeRetainedValue())
+    }
+}
+
+/// The deferred half of `completionNodeFire` when the source's settling call opened the
+/// firing scope: `source` holds the source unretained.
+func completionNodeRunBorrowingSource(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
+    let completion = UnsafeMutableRawPointer(node).assumingMemoryBound(to: CompletionNode.self)
+    Unmanaged<AnyPromise>.fromOpaque(UnsafeRawPointer(bitPattern: completion.pointee.source).unsafelyUnwrapped)
+        ._withUnsafeGuaranteedRef { CompletionNode.run(completion, source: $0) }
 }
 
 /// The deferred half of `observerBoxFire` when the source's settling call opened the

@@ -216,12 +216,13 @@ extension Promise {
             return
         }
         // The first observer of a root on `.immediate` or `.default` lives in the promise
-        // itself (no allocation); the others, and observers of children, in a box each.
+        // itself (no allocation); the others, and observers of children, in a node
+        // (`.immediate`) or a box each.
         if immediate || context.isDefault, claimFirstObserverSlot() {
             fillFirstObserverSlot(.completion(Value.self, body), immediate: immediate)
         } else {
             if immediate {
-                CompletionObserver(body: body).register(on: self)
+                registerCompletionNode(CompletionNode.make(body: body))
             } else if context.isDefault {
                 DefaultQueueCompletionObserver(body: body).register(on: self)
             } else {
