@@ -72,7 +72,7 @@ extension Promise {
     /// ```swift
     /// let doubled = Promise(value: 21).map { $0 * 2 }
     /// ```
-    @inlinable
+    @inlinable @discardableResult
     public func map<U: Sendable>(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> U
@@ -86,7 +86,7 @@ extension Promise {
     /// ```swift
     /// let avatar = user.flatMap { download($0.avatarURL) }
     /// ```
-    @inlinable
+    @inlinable @discardableResult
     public func flatMap<U: Sendable>(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (Value) throws -> Promise<U>
@@ -103,7 +103,7 @@ extension Promise {
     /// A fulfilled receiver passes its value through without calling `body`. A throw
     /// rejects the child with the thrown error. A cancelled receiver still calls `body`
     /// (for clean-up), but the child stays cancelled.
-    @inlinable
+    @inlinable @discardableResult
     public func recover(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) throws -> Value
@@ -116,7 +116,7 @@ extension Promise {
     /// ```swift
     /// let page = fetch(primary).recover { _ in fetch(mirror) }
     /// ```
-    @inlinable
+    @inlinable @discardableResult
     public func recover(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) throws -> Promise<Value>
@@ -129,7 +129,7 @@ extension Promise {
     /// ```swift
     /// let user = fetchUser().mapError { APIError.network(underlying: $0) }
     /// ```
-    @inlinable
+    @inlinable @discardableResult
     public func mapError(
         on context: any ExecutionContext = .default,
         _ body: @escaping @Sendable (any Error) -> any Error
@@ -181,7 +181,7 @@ extension Promise {
     /// ```swift
     /// let positive = Promise(value: 5).validate { $0 > 0 }
     /// ```
-    @inlinable
+    @inlinable @discardableResult
     public func validate(
         on context: any ExecutionContext = .default,
         _ predicate: @escaping @Sendable (Value) throws -> Bool

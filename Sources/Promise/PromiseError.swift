@@ -76,22 +76,21 @@ extension PromiseError: CustomStringConvertible {
     ///
     /// ```swift
     /// print(PromiseError.brokenPromise)
-    /// // the promise was dropped before it was settled, or its work was dropped unrun:
-    /// // nothing can settle it any more
+    /// // the promise was dropped before it was settled
     /// ```
     public var description: String {
         switch self {
         case .timedOut:
             return "the promise timed out before it was settled"
         case .validationFailure:
-            return "validation failed: the value did not pass the promise's validate check"
+            return "validation failed"
         case .allRejected(let errors):
             guard !errors.isEmpty else { return "every input was rejected (there were no inputs)" }
             let listed = errors.prefix(3).map { String(describing: $0) }.joined(separator: "; ")
             let more = errors.count > 3 ? "; and \(errors.count - 3) more" : ""
             return "every input was rejected (\(errors.count) error\(errors.count == 1 ? "" : "s"): \(listed)\(more))"
         case .brokenPromise:
-            return "the promise was dropped before it was settled, or its work was dropped unrun: nothing can settle it any more"
+            return "the promise was dropped before it was settled"
         case .cycle:
             return "the promise would wait on itself: it follows a chain of promises that leads back to it"
         case .invalidArgument(let explanation):
