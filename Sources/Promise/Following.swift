@@ -39,6 +39,9 @@ extension AnyPromise {
             lostClaimToHandler(parent: parent)
             return
         }
+        #if DEBUG
+        FollowWindowHook.run(self)
+        #endif
         recordFollowee(source, forwardsCancel: true)
         enterFlight(parent: parent)
         observe(source, as: .following)
@@ -47,15 +50,18 @@ extension AnyPromise {
             forwardCancelIfClaimed(to: source)
             return
         }
+        // A canceller that took the claim over before our link was recorded could not
+        // forward to `source` (it reads the link after its claim; we read the claim after
+        // recording, and fenced), and a cancel of ours now would find the claim taken: we
+        // forward its cancel. An ancestor's cancel may be that canceller, so this is read
+        // before our own cancel below, which forwards by itself when it wins the claim.
+        let claimTakenByACanceller = claimHint == UInt(PC_CANCELLED)
         // Not recording: once observed, `source` may fire on another thread at once, and
         // the adoption there runs the check again and records its epoch.
         if let reason = cancelReasonFromAncestors(parent: parent, recording: false) {
             cancel(reason: reason)  // an ancestor's cancel came first, or while we were linking
-        } else {
-            // A canceller that took the claim over before our link was recorded (it reads
-            // the link after its claim; we read the claim after recording, and fenced).
-            forwardCancelIfClaimed(to: source)
         }
+        if claimTakenByACanceller { forwardCancelIfClaimed(to: source) }
     }
 
     /// For a promise that meant to follow `source` and found its claim taken by a
@@ -509,3 +515,44 @@ struct WaitWalk {
         return waitsOnTarget || inputs.contains(where: isTarget)
     }
 }
+
+#if DEBUG
+/// Debug builds only: runs a test's closure in `follow`'s window between the claim to
+/// FOLLOWING and the recording of the followee link (a few instructions wide in a release
+/// build), where a canceller that takes the claim over cannot see the followee yet.
+enum FollowWindowHook {
+    private final class Installed: Sendable {
+        let body: @Sendable (AnyPromise) -> Void
+        init(_ body: @escaping @Sendable (AnyPromise) -> Void) { self.body = body }
+    }
+
+    /// The installed closure's box, retained, or 0; read and replaced under the word's
+    /// lock, so that a reader has retained the box before an install releases it.
+    private nonisolated(unsafe) static let word: UnsafeMutablePointer<UInt> = {
+        let word = UnsafeMutablePointer<UInt>.allocate(capacity: 1)
+        word.initialize(to: 0)
+        return word
+    }()
+
+    /// Runs `body` with each follower in the window from now on (nil: none).
+    static func install(_ body: (@Sendable (AnyPromise) -> Void)?) {
+        let new = body.map { UInt(bitPattern: Unmanaged.passRetained(Installed($0)).toOpaque()) } ?? 0
+        var old: UInt = 0
+        updateLockedWord(word) { value in
+            old = value
+            return new
+        }
+        if let box = UnsafeRawPointer(bitPattern: old) { Unmanaged<Installed>.fromOpaque(box).release() }
+    }
+
+    static func run(_ follower: AnyPromise) {
+        guard loadWordAcquiring(word) != 0 else { return }  // none installed: no lock taken
+        var installed: Installed?
+        updateLockedWord(word) { value in
+            if let box = UnsafeRawPointer(bitPattern: value) { installed = Unmanaged<Installed>.fromOpaque(box).takeUnretainedValue() }
+            return value
+        }
+        installed?.body(follower)
+    }
+}
+#endif

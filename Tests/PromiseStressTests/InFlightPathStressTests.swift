@@ -8,6 +8,10 @@
 //     it is in flight, so the cancel reaches it through them);
 //   - a follower's followed promise is cancelled with it (the work it owns);
 //   - once the leaf is no longer in flight and dropped, every promise of the round is freed.
+// And a root cancelled while its queued child's handler returns the promise the child is to
+// follow: that promise is the child's work, and the cancel reaches it however the two
+// threads interleave (a cancel that took the child's claim in the instant before its link
+// was recorded once missed it).
 import Dispatch
 import Foundation
 import Promise
@@ -99,5 +103,53 @@ final class InFlightPathStressTests: XCTestCase {
             checker.check(alive() == 0, "\(alive()) promise(s) of the round still alive")
             return true
         }
+    }
+
+    func testARootsCancelReachesThePromiseAQueuedHandlerReturned() {
+        let crew = Crew(size: 2)
+        defer { crew.stop() }
+        let queue = DispatchQueue(label: "InFlightPathStressTests.returning")
+        var handlerRuns = 0
+
+        runStressRounds("a root's cancel racing its fulfil while a queued handler returns the work to follow", invariants: [
+            "the child ends cancelled with the canceller's reason",
+            "if its handler ran, the promise it returned ends cancelled with that reason too",
+        ], details: { "the handler ran in \(handlerRuns) rounds" }) { checker in
+            let round = checker.round
+            let root = Promise<Int>()
+            let work = Promise<Int>()
+            let handlerRan = Locked(false)
+            let context: any ExecutionContext = round.isMultiple(of: 2) ? queue : .default
+            let child = root.then(on: context) { _ -> Promise<Int> in
+                handlerRan.withLock { $0 = true }
+                return work
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    root.fulfill(0)
+                } else {
+                    spin(random.below(400))
+                    root.cancel(reason: Reason(round: round))
+                }
+            }
+            checker.check(finished, "round hung")
+            let childError = Result { try child.wait(timeout: .seconds(20)) }
+            checker.check(child.isCancelled, "the child ended \(child.state)")
+            if case .failure(let error) = childError {
+                checker.check(error as? Reason == Reason(round: round), "the child was cancelled with \(error)")
+            }
+            if handlerRan.withLock({ $0 }) {
+                handlerRuns += 1
+                let workError = Result { try work.wait(timeout: .seconds(20)) }
+                checker.check(work.isCancelled, "the returned promise ended \(work.state)")
+                if case .failure(let error) = workError {
+                    checker.check(error as? Reason == Reason(round: round), "the returned promise was cancelled with \(error)")
+                }
+            }
+            return finished
+        }
+        queue.sync {}
     }
 }
