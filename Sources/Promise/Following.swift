@@ -294,6 +294,10 @@ struct WaitWalk {
     /// settles it). A recursion, a few frames a level: the budget bounds the work, this
     /// the stack.
     static let nesting = 64
+    /// How far apart the followers of a walked run that record its end lie at most (see
+    /// `waits`): walks from inside the run take at most that many steps to a skip, for a
+    /// rare state made per that many followers.
+    static let checkpointSpacing = 32
 
     private let target: UnsafeMutableRawPointer
     private var budget = WaitWalk.budget
@@ -338,8 +342,15 @@ struct WaitWalk {
     /// then the walk goes round a loop of skips (a cycle through the target, seen from
     /// after it) and takes one skip twice, and the exact walk answers instead. Each
     /// follower records one end, once; the end it holds (by its memory) may be stale, and
-    /// the walk goes on from there. Cost: a chain walked inner-first takes O(1) steps per
-    /// new level, and one allocation (the follower's rare state) per recorded end.
+    /// the walk goes on from there. The run's later followers record the same end when
+    /// they have a rare state already (a root that follows keeps its link there), and so
+    /// does every `checkpointSpacing`-th, so that walks starting at each level in turn
+    /// (a side follower locking in to each level of a chain, one after another) reach a
+    /// recorded end within that many links. Cost: a chain walked inner-first takes O(1)
+    /// steps per new level; a walk from any level of a chain walked before, at most
+    /// `checkpointSpacing` steps; one allocation (the follower's rare state) per end
+    /// recorded at a run's first follower, and one per `checkpointSpacing` followers of a
+    /// walked chain that have no rare state.
     static func waits(from source: AnyPromise, on target: AnyPromise) -> Bool {
         var walk = WaitWalk(target: target, usesChainEnds: true)
         let reached = walk.reaches(from: source)
@@ -405,6 +416,9 @@ struct WaitWalk {
         // the run has taken (see `waits`): unbranched walks that skip only.
         var runStart: AnyPromise? = nil
         var runLinks = 0
+        // Later followers of the run that record its end too (see `waits`): those with a
+        // rare state and no end recorded, and every `checkpointSpacing`-th.
+        var laterFollowers: [AnyPromise] = []
         while true {
             let next: UnsafeMutableRawPointer?
             let claim = claimRead ?? current.claimHint
@@ -414,7 +428,12 @@ struct WaitWalk {
                 // and its own check, after recording, sees our link (the fences).
                 let skipping = usesChainEnds && !branched
                 if skipping {
-                    if runStart == nil { runStart = current }
+                    if runStart == nil {
+                        runStart = current
+                    } else if current.followChainEndAddress == nil,
+                              current.existingRareState != nil || runLinks % WaitWalk.checkpointSpacing == 0 {
+                        laterFollowers.append(current)
+                    }
                     runLinks += 1
                 }
                 if skipping, let end = current.followChainEndAddress {
@@ -431,9 +450,13 @@ struct WaitWalk {
                 return .elsewhere
             } else {
                 // Pending and following nothing: the run of follow links ends here.
-                if let first = runStart, runLinks >= 2 { first.recordFollowChainEnd(current) }
+                if let first = runStart, runLinks >= 2 {
+                    first.recordFollowChainEnd(current)
+                    for follower in laterFollowers { follower.recordFollowChainEnd(current) }
+                }
                 runStart = nil
                 runLinks = 0
+                laterFollowers.removeAll()
                 if let parent = current.parentAddress {
                     // A child waits on its parent while it is pending, unless something
                     // else settles it too (`timeout`'s timer).

@@ -294,6 +294,37 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(start), 60)
     }
 
+    /// A chain of `resolve(with:)` with an observed side follower locking in to each level
+    /// in turn, nearest the outer end first (the natural loop): each side follower's cycle
+    /// check walked the rest of the chain, quadratic (40,000 levels took 8 s in release;
+    /// found by an adversarial pass). Built both ways round, of roots and of children
+    /// (whose link lives in the promise, not in a rare state).
+    func testObservedSideFollowersOfEachLevelOfAChainAreLinear() {
+        let levels = 50_000
+        let start = Date()
+        let pendingParent = Promise<Int>()
+        defer { pendingParent.cancel() }
+        for (innerFirst, children) in [(false, false), (true, false), (false, true)] {
+            let chain = (0..<levels).map { _ in children ? pendingParent.then(on: .immediate) { $0 } : Promise<Int>() }
+            if innerFirst {
+                for index in stride(from: levels - 2, through: 0, by: -1) { chain[index].resolve(with: chain[index + 1]) }
+            } else {
+                for index in 0..<(levels - 1) { chain[index].resolve(with: chain[index + 1]) }
+            }
+            let sides = chain.map { level -> Promise<Int> in
+                let side = Promise<Int>()
+                side.whenComplete(on: .immediate) { _ in }  // someone waits on it: it walks
+                side.resolve(with: level)
+                return side
+            }
+            chain[levels - 1].fulfill(9)
+            XCTAssertEqual(try sides[0].wait(timeout: .seconds(10)), 9)
+            XCTAssertEqual(try sides[levels - 1].wait(timeout: .seconds(10)), 9)
+        }
+        // Generous for a debug build under a sanitizer; quadratic took minutes.
+        XCTAssertLessThan(Date().timeIntervalSince(start), 60)
+    }
+
     /// The cycle check still sees a cycle closed at the far end of a long chain.
     func testCycleAtTheEndOfALongFollowChainIsSeen() {
         let innermost = Promise<Int>()
