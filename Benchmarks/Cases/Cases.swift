@@ -305,6 +305,21 @@ let allocations: [Case] = [
         for _ in 0..<allocOps { p.whenComplete { sink($0) } }
         p.fulfill(1)
     }),
+    // whenComplete, closure capturing one reference (its context is that object: no
+    // allocation of its own, and none for the library to add, such as a reabstraction
+    // thunk around the closure).
+    Case("alloc:whenComplete-1-ref", "promise", ops: allocOps, .sync {
+        let p = Promise<Int>()
+        let box = Box()
+        for _ in 0..<allocOps { p.whenComplete(on: .immediate) { sink($0.map { $0 + box.value }) } }
+        p.fulfill(1)
+    }),
+    Case("alloc:whenComplete-1-ref", "lock", ops: allocOps, .sync {
+        let p = LockPromise<Int>.make()
+        let box = Box()
+        for _ in 0..<allocOps { p.whenComplete { sink($0 + box.value) } }
+        p.fulfill(1)
+    }),
     // all: per input, for 8 inputs (created before the measurement), then settled.
     Case("alloc:all-8-inputs", "promise", ops: allInputs * allRounds, .prepared {
         let inputs = (0..<allRounds).map { _ in (0..<allInputs).map { _ in Promise<Int>() } }

@@ -580,7 +580,6 @@ extension AnyPromise {
 
 /// The fire callback of a `CompletionNode`: deferred to the trampoline with its source,
 /// then run (as `observerBoxFire` does for a box on `.immediate`).
-@usableFromInline
 func completionNodeFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeMutablePointer<pc_promise>?) {
     let completion = UnsafeMutableRawPointer(node).assumingMemoryBound(to: CompletionNode.self)
     if let source {

@@ -1,8 +1,8 @@
 import CPromiseCore
 
 /// A small object that observes a promise without being one: the one allocation behind
-/// `whenComplete` on a context (on `.immediate`, a bare `CompletionNode`), `onCancel`,
-/// `resolve(with:)` and `wait`. Its node is its first stored property (see
+/// `whenComplete` on any context but `.immediate` (there, a bare `CompletionNode`),
+/// `onCancel`, `resolve(with:)` and `wait`. Its node is its first stored property (see
 /// `CoreBridge.swift`).
 ///
 /// A box runs inline, through the trampoline (`.immediate`), unless it is `queued`: then
@@ -112,12 +112,23 @@ struct CompletionNode {
     /// reference, or borrowed when the fire callback says so (`completionNodeFire`).
     @usableFromInline var source: UInt
     /// Moves the user's closure out of the node (at `bodyAddress`) and calls it with the
-    /// source's result. Made in the registering caller's specialisation, where it
-    /// captures nothing (no allocation) and knows `Value`, as `CompletionObserver.deliver`.
+    /// source's result. Made in the registering caller's specialisation, where it knows
+    /// `Value` and captures nothing (no allocation; unspecialised, it captures `Value`'s
+    /// metadata), as `CompletionObserver.deliver`.
     @usableFromInline var deliver: @Sendable (_ source: AnyPromise, _ bodyAddress: UnsafeMutableRawPointer) -> Void
 
     @usableFromInline
     typealias Body<Value: Sendable> = @Sendable (Result<Value, any Error>) -> Void
+
+    /// The user's closure as the node stores it: in a struct's stored property, which
+    /// keeps the closure in the form the caller passed it in. Stored bare, as the `Pointee`
+    /// of a generic pointer, a closure takes the most general form, which costs every
+    /// closure that captures anything a reabstraction thunk: a heap context, a malloc.
+    @usableFromInline
+    struct StoredBody<Value: Sendable> {
+        @usableFromInline var body: Body<Value>
+        @inlinable init(_ body: @escaping Body<Value>) { self.body = body }
+    }
 
     @inlinable
     init(deliver: @escaping @Sendable (AnyPromise, UnsafeMutableRawPointer) -> Void) {
@@ -133,27 +144,29 @@ struct CompletionNode {
     /// The node's size: the fields above and the user's closure (two words, as every
     /// closure is).
     @inlinable
-    static var byteCount: Int { bodyOffset + MemoryLayout<Body<Never>>.size }
+    static var byteCount: Int { bodyOffset + MemoryLayout<StoredBody<Never>>.size }
 
     /// A node for `body`, not yet registered (`registerCompletionNode`).
     @inlinable
     static func make<Value: Sendable>(body: @escaping Body<Value>) -> UnsafeMutablePointer<CompletionNode> {
+        // The core's node is at the start: the fire callbacks treat the two addresses as one.
+        assert(MemoryLayout<CompletionNode>.offset(of: \CompletionNode.node) == 0)
         let raw = SwiftRuntime.allocate(byteCount: byteCount)
         let node = raw.initializeMemory(as: CompletionNode.self, repeating: CompletionNode(
             deliver: { source, bodyAddress in
-                let body = bodyAddress.assumingMemoryBound(to: Body<Value>.self).move()
+                let body = bodyAddress.assumingMemoryBound(to: StoredBody<Value>.self).move().body
                 body(unsafeDowncast(source, to: Promise<Value>.self).publishedResult)
             }), count: 1)
-        (raw + bodyOffset).initializeMemory(as: Body<Value>.self, repeating: body, count: 1)
+        (raw + bodyOffset).initializeMemory(as: StoredBody<Value>.self, repeating: StoredBody(body), count: 1)
         return node
     }
 
     /// Runs the node once its source settled, then frees it: the one thread that fired it
     /// owns it.
-    static func run(_ node: UnsafeMutablePointer<CompletionNode>, source: AnyPromise) {
-        let deliver = node.move().deliver  // the node's fields are left uninitialised
-        deliver(source, UnsafeMutableRawPointer(node) + bodyOffset)  // moves the user's closure out
-        SwiftRuntime.deallocate(UnsafeMutableRawPointer(node), byteCount: byteCount)
+    static func run(_ completion: UnsafeMutablePointer<CompletionNode>, source: AnyPromise) {
+        let deliver = completion.move().deliver  // the node's fields are left uninitialised
+        deliver(source, UnsafeMutableRawPointer(completion) + bodyOffset)  // moves the user's closure out
+        SwiftRuntime.deallocate(UnsafeMutableRawPointer(completion), byteCount: byteCount)
     }
 }
 

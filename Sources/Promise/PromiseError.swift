@@ -38,12 +38,13 @@ public enum PromiseError: Error, Sendable {
     case validationFailure
     /// Every input of `Promise.any` was rejected; the errors are in input order.
     case allRejected([any Error])
-    /// The promise this one waited for was freed before anyone settled it: its last
-    /// reference went away while it was pending, so it never could be settled. Delivered
-    /// to everything still waiting on it (children, observers, `await`ers, `wait()`
-    /// callers, combinators), as folly's `BrokenPromise`. Also the error of a promise
-    /// whose work its context let go of unrun (an executor shut down: see
-    /// `ExecutionContext`), which nothing else would settle.
+    /// The promise this one waited for was freed before anyone settled it: its last reference
+    /// went away while it was pending, so it never could be settled. Delivered to everything
+    /// still waiting on it (children, observers, combinators, followers, and through them the
+    /// `await`s and `wait()`s on what was derived from it; an `await` or `wait()` on the
+    /// promise itself holds it, so it cannot die under them), as folly's `BrokenPromise`.
+    /// Also the error of a promise whose work its context let go of unrun (an executor shut
+    /// down: see `ExecutionContext`), which nothing else would settle.
     ///
     /// ```swift
     /// let name = lookup().then { $0.name }   // lookup's promise is dropped unsettled

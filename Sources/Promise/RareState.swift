@@ -416,8 +416,12 @@ func releaseNodeThatGaveUp(_ node: UnsafeMutablePointer<pc_node>, _ context: Uns
         let owner = AnyPromise.owner(ofNode: node)
         owner._withUnsafeGuaranteedRef { $0.continuation = nil }  // the handler, unrun, and its captures
         owner.release()  // the registration's retain: may free the child
-    } else {
+    } else if nodeFires(node, through: observerBoxFire) {
         CoreLayout.owner(ofFirstField: node, as: ObserverBox.self).release()  // the registration's retain
+    } else {
+        // `observerHasGivenUp` names only the three kinds above (a `CompletionNode`, a
+        // root's first-observer slot and a waiter list never give up).
+        preconditionFailure("a node of a kind that never gives up was pruned")
     }
 }
 

@@ -4,8 +4,9 @@ import CPromiseCore
 // observers still registered on it if it dies pending (`PromiseError.brokenPromise`).
 // Called from the deinits (AnyPromise.swift).
 
-/// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, an
-/// `ObserverBox`'s, an aggregator slot's, a waiter list's) when a dying promise releases them.
+/// Whether `node` fires through `fire`: tells the kinds of node apart (a promise's own, a
+/// root's first-observer slot, an `ObserverBox`'s, a `CompletionNode`, an aggregator
+/// slot's, a waiter list's) when a dying promise releases them.
 func nodeFires(_ node: UnsafeMutablePointer<pc_node>, through fire: pc_fire_fn) -> Bool {
     unsafeBitCast(node.pointee.fire, to: UnsafeRawPointer?.self) == unsafeBitCast(fire, to: UnsafeRawPointer.self)
 }
@@ -100,6 +101,8 @@ extension AnyPromise {
         if nodeFires(node, through: promiseNodeFire) {
             return !AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { $0.takesNoOutcome }
         }
+        // The rest (a `CompletionNode`, a root's first-observer slot, an aggregator slot)
+        // wait unless they gave up, which only a slot of a retired aggregator does.
         return !observerHasGivenUp(node, nil)
     }
 
