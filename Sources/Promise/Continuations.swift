@@ -33,18 +33,35 @@ struct StoredHandler: ~Copyable, Sendable {
     /// True if the handler has an error side, which also runs (for clean-up) when the
     /// parent was cancelled.
     @usableFromInline let hasErrorSide: Bool
+    /// False for the handlers that only run on an error (`recover`, `mapError`, `catch`):
+    /// a fulfilled parent's value passes through them untouched.
+    @usableFromInline let hasSuccessSide: Bool
 
     /// Stores `handler` in the slot. `invoke` must move it out as `Handler` (the builders
     /// spell the type once, as a local `Body` typealias, for both sides).
     @inlinable
-    init<Handler>(storing handler: Handler, as type: Handler.Type, hasErrorSide: Bool, _ invoke: @escaping Invoke) {
+    init<Handler>(storing handler: Handler, as type: Handler.Type, hasErrorSide: Bool, hasSuccessSide: Bool = true,
+                  _ invoke: @escaping Invoke) {
         // Closures and class references, two words at most: constant-folded once specialised.
         precondition(MemoryLayout<Handler>.size <= MemoryLayout<(UInt, UInt)>.size
                      && MemoryLayout<Handler>.alignment <= MemoryLayout<(UInt, UInt)>.alignment)
         slot = (0, 0)
         self.invoke = invoke
         self.hasErrorSide = hasErrorSide
+        self.hasSuccessSide = hasSuccessSide
         withUnsafeMutableBytes(of: &slot) { _ = $0.baseAddress.unsafelyUnwrapped.initializeMemory(as: Handler.self, to: handler) }
+    }
+
+    /// Whether the handler runs user code for an outcome of its parent (`tag`); when not,
+    /// it only passes that outcome through (`then` on a rejected parent, `recover` on a
+    /// fulfilled one). A cancelled parent counts as running it: its error side, if any,
+    /// runs for clean-up.
+    func runsUserCode(forParentOutcome tag: UInt) -> Bool {
+        switch tag {
+        case UInt(PC_FULFILLED): return hasSuccessSide
+        case UInt(PC_REJECTED): return hasErrorSide
+        default: return true
+        }
     }
 
     /// Moves the handler out of the `slot` that `invoke` received, as the type it was stored as.
@@ -199,7 +216,7 @@ extension StoredHandler {
     @inlinable
     static func recover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> T) -> StoredHandler {
         typealias Body = @Sendable (any Error) throws -> T
-        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true, hasSuccessSide: false) { slot, source, target in
             let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
@@ -217,7 +234,7 @@ extension StoredHandler {
     @inlinable
     static func flatRecover<T: Sendable>(_ body: @escaping @Sendable (any Error) throws -> Promise<T>) -> StoredHandler {
         typealias Body = @Sendable (any Error) throws -> Promise<T>
-        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true, hasSuccessSide: false) { slot, source, target in
             let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
@@ -237,7 +254,7 @@ extension StoredHandler {
     @inlinable
     static func mapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> any Error) -> StoredHandler {
         typealias Body = @Sendable (any Error) -> any Error
-        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true, hasSuccessSide: false) { slot, source, target in
             let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped
@@ -256,7 +273,7 @@ extension StoredHandler {
     @inlinable
     static func tapError<T: Sendable>(_ type: T.Type, _ body: @escaping @Sendable (any Error) -> Void) -> StoredHandler {
         typealias Body = @Sendable (any Error) -> Void
-        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true) { slot, source, target in
+        return StoredHandler(storing: body, as: Body.self, hasErrorSide: true, hasSuccessSide: false) { slot, source, target in
             let body = StoredHandler.take(Body.self, from: slot)
             guard source != nil else { return }  // only releasing it
             let source = source.unsafelyUnwrapped, target = target.unsafelyUnwrapped

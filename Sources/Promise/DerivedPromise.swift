@@ -247,6 +247,9 @@ extension AnyPromise {
     /// way it lets go of the parked parent and the handler.
     final func sendHandlerToContext() {
         sendToContext({ self.runContinuationTakingParent(once: true) }, ifDropped: {
+            // A handler that would only have passed the parent's outcome through runs here
+            // (no user code runs): the child takes that outcome, not a broken promise.
+            if self.runContinuationIfItOnlyPassesThrough() { return }
             self.rejectAsWorkDropped()  // the parked hold goes with the publish, if it wins
             self.runContinuationTakingParent(once: true)  // the claim is taken: no handler runs
         })

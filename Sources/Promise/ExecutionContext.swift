@@ -20,8 +20,11 @@ import Dispatch
 /// it dropped (`Promise(on:_:)`), rejects with `PromiseError.brokenPromise` once the
 /// context lets go of the work (a moment later, on a queue of the library's own: never
 /// inside the context's own call), and so does the output of a run that queues its own
-/// steps (`retry`, `sequence`, `all(_:maxConcurrent:)`): nobody waits on it for ever. (A
-/// context that keeps the work and never runs it cannot be told from a slow one.)
+/// steps (`retry`, `sequence`, `all(_:maxConcurrent:)`): nobody waits on it for ever. A
+/// dropped handler that would only have passed its parent's outcome through (`then` on a
+/// rejected parent, `recover` on a fulfilled one) runs no user code: its child takes that
+/// outcome instead. (A context that keeps the work and never runs it cannot be told from
+/// a slow one.)
 /// Dispatch's queues run every block, so work for them goes as it is; for any other
 /// context, the watch costs an allocation per handler sent. A context that runs work
 /// twice breaks it too; the library then runs each handler, observer and step once, and
@@ -67,7 +70,8 @@ class RunOnce: @unchecked Sendable {
 /// and nothing else, so a context that releases it without running it frees this object
 /// with `body` unrun, and `deinit` then runs `dropped`: for a handler, the child breaks
 /// (`PromiseError.brokenPromise`, as the runs that queue their own steps, `retry` and
-/// `sequence`, break their output) and lets go of its parent and the handler, as the work
+/// `sequence`, break their output), or takes its parent's outcome if the handler would
+/// only have passed it through, and lets go of its parent and the handler, as the work
 /// would have; for `Promise(on:_:)`, the promise breaks. So nobody waits on it for ever.
 ///
 /// `dropped` runs on one of the library's own lanes (`TimerHeap.send`), a moment later:

@@ -209,6 +209,31 @@ extension AnyPromise {
     final func runContinuationTakingParent(offeringReference: Bool = false, once: Bool = false) -> Bool {
         let hold = once ? takeSettledParentOnce() : takeSettledParent()
         guard !hold.isEmpty else { return false }
+        return runContinuation(holding: hold, offeringReference: offeringReference)
+    }
+
+    /// For work its context dropped unrun (`sendHandlerToContext`): if the handler would
+    /// only pass its parent's outcome through, runs it now, on this thread, and answers
+    /// true; else leaves everything as it was and answers false. Takes the parked hold
+    /// first, as the work would, so that no settler touches the handler meanwhile, and
+    /// puts it back to answer false: one that took nothing while it was out finds the
+    /// hold parked again for the caller's `runContinuationTakingParent`.
+    final func runContinuationIfItOnlyPassesThrough() -> Bool {
+        let hold = takeSettledParentOnce()
+        guard !hold.isEmpty else { return false }
+        let tag = hold.parent._withUnsafeGuaranteedRef { $0.publishedTag }
+        let passesThrough = claimHint == UInt(PC_CLAIM_FREE)
+            && continuation?.runsUserCode(forParentOutcome: tag) == false
+        guard passesThrough else {
+            storeWord(settledParentWord, hold.word)
+            return false
+        }
+        _ = runContinuation(holding: hold, offeringReference: false)
+        return true
+    }
+
+    /// `runContinuationTakingParent` once the hold is taken.
+    private final func runContinuation(holding hold: ParentHold, offeringReference: Bool) -> Bool {
         let previousWatch = offeringReference ? watchCascadeOfferingReference() : watchCascade()
         hold.parent._withUnsafeGuaranteedRef { runContinuation(parent: $0) }
         let (firedInlineChild, referenceTaken) = AnyPromise.endOfferingCascadeWatch(previousWatch)

@@ -10,7 +10,9 @@ import Foundation
 /// An operation the library added that is cancelled before it starts
 /// (`cancelAllOperations()` at shutdown, say) never runs its block: the promise its handler
 /// would have settled rejects with `PromiseError.brokenPromise` once the queue lets go of
-/// the operation, so nobody waits on it for ever. To stop work and say why, cancel the
+/// the operation, so nobody waits on it for ever (a handler that would only have passed
+/// its parent's outcome through, `then` on a rejected parent or `recover` on a fulfilled
+/// one, passes it through instead). To stop work and say why, cancel the
 /// promises instead: their handlers then do not run, and everything waiting on them
 /// receives the cancel.
 ///

@@ -823,6 +823,40 @@ extension ContextTests {
         XCTAssertTrue(isBroken(error(work)), "Promise(on:) whose work was dropped: \(work)")
     }
 
+    /// A handler that would only have passed its parent's outcome through (`then` on a
+    /// rejected parent, `recover`, `mapError` or `catch` on a fulfilled one) runs no user
+    /// code, so a context that drops it (an `OperationQueue` shut down) takes nothing from
+    /// the child: it passes the value or the error through, as the handler would have,
+    /// and lets go of the parent and the captures. Before, it broke like the others.
+    func testADroppedHandlerThatWouldOnlyPassTheOutcomeThroughPassesItThrough() {
+        struct Boom: Error {}
+        let tracker = LifeTracker()
+        let context = HoldingContext()
+        let fulfilled = Promise(value: 7)
+        let rejected = Promise<Int>(error: Boom())
+        let capture = Payload(bytes: [1], tracker: tracker)
+        let passingValue = [
+            fulfilled.recover(on: context) { _ in capture.bytes.count },
+            fulfilled.mapError(on: context) { _ = capture; return $0 },
+            fulfilled.catch(on: context) { _ in _ = capture },
+        ]
+        let passingError = [
+            rejected.then(on: context) { $0 + capture.bytes.count },
+            rejected.flatMap(on: context) { _ in Promise(value: capture.bytes.count) },
+            rejected.validate(on: context) { _ in capture.bytes.isEmpty },
+        ]
+        _ = consume capture
+        XCTAssertEqual(context.count, passingValue.count + passingError.count, "every handler went to the context")
+        context.dropAll()
+        for (index, child) in passingValue.enumerated() {
+            XCTAssertEqual(value(child), 7, "child \(index) did not pass the value through")
+        }
+        for (index, child) in passingError.enumerated() {
+            XCTAssertTrue(error(child) is Boom, "child \(index) did not pass the error through")
+        }
+        XCTAssertTrue(eventually { tracker.alive == 0 }, "the dropped handlers' captures are kept")
+    }
+
     /// A child settled otherwise before its context drops the handler keeps that outcome:
     /// cancelled, or fulfilled by its holder. A context that runs its work late runs it,
     /// and breaks nothing.
