@@ -409,6 +409,7 @@ final class CancelRaceTests: XCTestCase {
         }
     }
 
+    #if DEBUG  // the hook exists in debug builds only
     /// An ancestor's cancel that takes a child's claim over in the instant between the
     /// child's lock-in to follow the promise its handler returned and the recording of
     /// that link (the debug build's `FollowWindowHook` puts it there) finds no link to
@@ -437,4 +438,5 @@ final class CancelRaceTests: XCTestCase {
             FollowWindowHook.install(nil)
         }
     }
+    #endif
 }
