@@ -752,12 +752,14 @@ func withWordLock<T>(_ word: UnsafeMutablePointer<UInt>, _ body: () -> T) -> T {
     return body()
 }
 
+#if DEBUG
 /// Locks `word` (`pc_word_lock`), hands `body` its value, stores what `body` returns and
-/// unlocks: a word that holds a pointer, read and replaced under its lock (a debug hook's
-/// closure, which a reader retains before the writer may release it).
+/// unlocks: a word that holds a pointer, read and replaced under its lock (the debug-only
+/// `FollowWindowHook`'s closure, which a reader retains before the writer may release it).
 func updateLockedWord(_ word: UnsafeMutablePointer<UInt>, _ body: (UInt) -> UInt) {
     pc_word_unlock(word, body(pc_word_lock(word)))
 }
+#endif
 
 /// State guarded by a spin lock in one word (`withWordLock`), held for a few field updates
 /// and never around a call into user code: the step of a `retry`, a bounded fan-out, the
