@@ -317,6 +317,16 @@ struct WaitWalk {
     /// output, so it is no way out of it: the answer for that branch is yes, not the
     /// nesting limit's "cannot tell" (two followers of one `all`, say).
     private var asked: [UnsafeMutableRawPointer] = []
+    /// The answers found, while asking about the aggregators in `asked`, to whether an
+    /// output one input may settle waits on the target (`enter`), each with how many
+    /// aggregators were being asked about then. Inputs that share the chain below (`all([next,
+    /// next])` at each level of a cycle) reach one output many times; asked again, it
+    /// would take twice the tries per level, and the budget would be spent from about
+    /// seven levels on. An answer holds while those it was found under are still asked
+    /// about: a "yes" also under more of them (an input that comes back to one asked about
+    /// waits on it), a "no" only under the same ones. Dropped as they are.
+    private var answers: [UnsafeMutableRawPointer: (level: Int, waits: Bool)] = [:]
+    private var answersInOrder: [(aggregator: UnsafeMutableRawPointer, level: Int)] = []
 
     init(target: AnyPromise, usesChainEnds: Bool = false) {
         self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
@@ -374,8 +384,32 @@ struct WaitWalk {
     mutating func asking<R>(about aggregator: AnyObject, _ body: (inout WaitWalk) -> R) -> R {
         branched = true
         asked.append(UnsafeMutableRawPointer(Unmanaged.passUnretained(aggregator).toOpaque()))
-        defer { asked.removeLast() }
+        defer { stopAsking() }
         return body(&self)
+    }
+
+    /// Ends the question about the innermost aggregator asked about: the answers found
+    /// under it no longer hold.
+    private mutating func stopAsking() {
+        asked.removeLast()
+        while let last = answersInOrder.last, last.level > asked.count {
+            answersInOrder.removeLast()
+            if answers[last.aggregator]?.level == last.level { answers[last.aggregator] = nil }
+        }
+    }
+
+    /// An answer found before for the aggregator at `address` that still holds (see
+    /// `answers`).
+    private func answerFound(for address: UnsafeMutableRawPointer) -> Bool? {
+        guard let answer = answers[address], answer.waits || answer.level == asked.count else { return nil }
+        return answer.waits
+    }
+
+    private mutating func record(_ waits: Bool, for address: UnsafeMutableRawPointer) -> Bool {
+        guard !asked.isEmpty else { return waits }  // the outermost walk remembers `seen`
+        answers[address] = (asked.count, waits)
+        answersInOrder.append((address, asked.count))
+        return waits
     }
 
     /// Whether `source` waits on the target. `depth`: how many levels of outputs that one
@@ -493,6 +527,7 @@ struct WaitWalk {
         if depth == 0 {
             guard seen.insert(address).inserted else { return false }
         }
+        if let waits = answerFound(for: address) { return waits }
         kept.append(aggregator)
         let early = aggregator.settledEarlyBy
         // Before the inputs are read: one that settles after this look, without settling
@@ -502,8 +537,6 @@ struct WaitWalk {
         let limit = max(budget, 0)
         let (complete, unlinked) = aggregator.appendLinkedInputs(to: &inputs, limit: limit)
         budget -= inputs.count
-        let target = self.target
-        let isTarget = { (input: AnyPromise) in UnsafeMutableRawPointer(Unmanaged.passUnretained(input).toOpaque()) == target }
         if early == .nothing {
             // `allSettled` waits on each input still pending.
             if inputs.contains(where: isTarget) { return true }
@@ -512,7 +545,21 @@ struct WaitWalk {
         }
         // One input may settle the output first: it waits on the target only if no input
         // can, looking at all of them (an input past the budget might).
-        guard complete, depth < WaitWalk.nesting else { return false }
+        guard complete, depth < WaitWalk.nesting else { return record(false, for: address) }
+        return record(noInputCanSettle(output, inputs: inputs, unlinked: unlinked, early: early,
+                                       asking: address, depth: depth), for: address)
+    }
+
+    private func isTarget(_ promise: AnyPromise) -> Bool {
+        UnsafeMutableRawPointer(Unmanaged.passUnretained(promise).toOpaque()) == target
+    }
+
+    /// For `enter`: whether none of `inputs` (of the aggregator at `address`, any of which
+    /// may settle `output`) can settle it, because each pending one waits on the target
+    /// and no settled one settles it.
+    private mutating func noInputCanSettle(_ output: AnyPromise, inputs: [AnyPromise], unlinked: Bool,
+                                           early: Aggregator.SettledEarlyBy, asking address: UnsafeMutableRawPointer,
+                                           depth: Int) -> Bool {
         if unlinked {
             // A combinator's input gone from its slot died pending (its slot counts it, or
             // has, as rejected with `brokenPromise`), or a retired aggregator let it go
@@ -524,7 +571,7 @@ struct WaitWalk {
             guard !early.settles(withTag: UInt(PC_REJECTED)), output.isPending else { return false }
         }
         asked.append(address)
-        defer { asked.removeLast() }
+        defer { stopAsking() }
         var waitsOnTarget = false
         for input in inputs where !isTarget(input) {
             let tag = input.publishedTag

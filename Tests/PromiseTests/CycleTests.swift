@@ -468,6 +468,32 @@ final class CycleTests: XCTestCase {
         }
     }
 
+    /// A cycle through combinators whose inputs share the chain below (`all([next, next])`
+    /// at each level, or an input and a child of it): the walk asks each level's question
+    /// once, however many inputs lead to it (before, it asked again for each, twice as
+    /// many tries per level, so from about seven levels on it ran out of its budget and
+    /// the cycle stayed pending).
+    func testACycleThroughCombinatorsWhoseInputsShareAChainIsFound() {
+        for depth in [7, 12, 40] {
+            let p = Promise<Int>()
+            var next: Promise<Int> = p
+            for _ in 0..<depth { next = Promise.all([next, next]).map(on: .immediate) { $0[0] } }
+            p.resolve(with: next)
+            XCTAssertEqual(p.state, .rejected, "all, \(depth) levels")
+            assertCycle(p)
+
+            let q = Promise<Int>()
+            var shared: Promise<Int> = q
+            for _ in 0..<depth {
+                let level = shared
+                shared = Promise.race([level, level.map(on: .immediate) { $0 }])
+            }
+            q.resolve(with: shared)
+            XCTAssertEqual(q.state, .rejected, "race, \(depth) levels")
+            assertCycle(q)
+        }
+    }
+
     /// An output its holder locked in to follow another promise is no longer its
     /// aggregator's to settle: an input settling later asks nothing, and an input that
     /// follows the output waits on that other promise, no cycle (before, it was rejected
