@@ -349,7 +349,9 @@ enum UnownedLink {
     /// The target's address with a retain the caller owns, or nil.
     private static func loadRetained(_ word: UnsafeMutablePointer<UInt>) -> UnsafeMutableRawPointer? {
         // No target, no lock. A word gets its target once, before any reader that needs it
-        // can look (see `follow` for the one that is not set at init), and loses it for good.
+        // can look (see `follow` for the one that is not set at init), and loses it for good;
+        // or, a follower's recorded chain end, gets one late and has it replaced
+        // (`exchange`): a reader that saw 0 just takes no skip.
         guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
         let seen = pc_word_lock(word)
         // swift_tryRetain (CSwiftRuntime): retains unless the count already reached zero,
@@ -363,6 +365,21 @@ enum UnownedLink {
     /// link), before anyone reads it.
     static func store(_ word: UnsafeMutablePointer<UInt>, address: UnsafeMutableRawPointer) {
         pc_word_store(word, UInt(bitPattern: address))
+    }
+
+    /// The target's address (0 if none): one load, no lock; a quick look, which a
+    /// concurrent `exchange` may make stale.
+    static func targetAddress(_ word: UnsafeMutablePointer<UInt>) -> UInt {
+        pc_word_load(word) & ~UInt(PC_WORD_LOCKED)
+    }
+
+    /// Gives the word the target `address` (whose memory the caller holds for the link)
+    /// in place of the one it had, waiting out a reader that is trying that one, and
+    /// returns it (0 if none): the caller then drops the link's hold on that memory.
+    static func exchange(_ word: UnsafeMutablePointer<UInt>, address: UInt) -> UInt {
+        let seen = pc_word_lock(word)
+        pc_word_unlock(word, address)
+        return seen
     }
 
     /// Empties the word, waiting out a reader that is trying the target, and returns what

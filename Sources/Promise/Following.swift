@@ -115,21 +115,27 @@ extension AnyPromise {
 
     /// Where the cycle check last found this follower's run of follow links to end
     /// (`WaitWalk`: a promise pending and following nothing, met through followers only),
-    /// its memory held; nil if none was recorded. Set once, so it stays valid while this
-    /// promise is alive.
-    final var followChainEndAddress: UnsafeMutableRawPointer? {
-        existingRareState.flatMap { UnsafeMutableRawPointer(bitPattern: loadWordAcquiring($0.chainEndWord)) }
+    /// retained; nil if none was recorded or it has begun dying.
+    final var followChainEnd: AnyPromise? {
+        existingRareState.flatMap { UnownedLink.load($0.chainEndWord) }
     }
 
-    /// Records `end` as where this follower's run of follow links ends, if nothing was
-    /// recorded yet (see `followChainEndAddress`). The follower holds `end`'s memory (a
-    /// bare object once `end` died) until it dies itself, settled or not: one object
+    /// Whether a chain end is recorded (`followChainEnd`): two loads, no lock.
+    final var hasFollowChainEnd: Bool {
+        existingRareState.map { UnownedLink.targetAddress($0.chainEndWord) != 0 } ?? false
+    }
+
+    /// Records `end` as where this follower's run of follow links ends (see
+    /// `followChainEnd`), in place of the end recorded before, if any: a walk that went
+    /// on from there found the run longer since. The follower holds `end`'s memory (a
+    /// bare object once `end` died) until it records another or dies itself: one object
     /// at most, as its followee link holds.
     final func recordFollowChainEnd(_ end: AnyPromise) {
         let word = rareState.chainEndWord
-        guard loadWordAcquiring(word) == 0 else { return }
-        let address = HeldMemory.hold(Unmanaged.passUnretained(end))
-        if !publishWordOnce(word, address) { HeldMemory.release(UnsafeMutableRawPointer(bitPattern: address).unsafelyUnwrapped) }
+        let address = UnownedLink.address(of: end)
+        guard UnownedLink.targetAddress(word) != address else { return }
+        let replaced = UnownedLink.exchange(word, address: HeldMemory.hold(Unmanaged.passUnretained(end)))
+        if let replaced = UnsafeMutableRawPointer(bitPattern: replaced) { HeldMemory.release(replaced) }
     }
 
     /// Called by a promise that locked in to follow `source`, recorded the link and
@@ -351,8 +357,12 @@ struct WaitWalk {
     /// target itself, when another walk recorded the run while the target was locking in:
     /// then the walk goes round a loop of skips (a cycle through the target, seen from
     /// after it) and takes one skip twice, and the exact walk answers instead. Each
-    /// follower records one end, once; the end it holds (by its memory) may be stale, and
-    /// the walk goes on from there. The run's later followers record the same end when
+    /// follower records one end at a time; the end it holds (by its memory) may be stale
+    /// (the chain grew at its far end since), and the walk goes on from there, and then
+    /// records the end it found at every follower it skipped from, in place of the stale
+    /// one, so that a chain growing at its far end while side followers lock in to its
+    /// head costs each walk the links added since the last, not one more skip each time.
+    /// The run's later followers record the same end when
     /// they have a rare state already (a root that follows keeps its link there), and so
     /// does every `checkpointSpacing`-th, so that walks starting at each level in turn
     /// (a side follower locking in to each level of a chain, one after another) reach a
@@ -460,26 +470,29 @@ struct WaitWalk {
             if claim == UInt(PC_CLAIM_FOLLOWING) {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
-                let skipping = usesChainEnds && !branched
-                if skipping {
+                if usesChainEnds && !branched {
                     if runStart == nil {
                         runStart = current
-                    } else if current.followChainEndAddress == nil,
+                    } else if !current.hasFollowChainEnd,
                               current.existingRareState != nil || runLinks % WaitWalk.checkpointSpacing == 0 {
                         laterFollowers.append(current)
                     }
                     runLinks += 1
-                }
-                if skipping, let end = current.followChainEndAddress {
-                    let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
-                    guard chainEndsTaken.insert(taken).inserted else {
-                        loopedThroughChainEnds = true
-                        return .elsewhere
+                    if let end = current.followChainEnd {
+                        let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
+                        guard chainEndsTaken.insert(taken).inserted else {
+                            loopedThroughChainEnds = true
+                            return .elsewhere
+                        }
+                        if isTarget(end) { return .target }
+                        guard end.isPending else { return .elsewhere }
+                        // Its record moves on with the first's, if the run goes on past it.
+                        if current !== runStart { laterFollowers.append(current) }
+                        current = end
+                        continue
                     }
-                    next = end
-                } else {
-                    next = current.followeeAddress
                 }
+                next = current.followeeAddress
             } else if !current.isPending {
                 return .elsewhere
             } else {

@@ -152,8 +152,8 @@ final class RareState: @unchecked Sendable {
 
     /// A promise that follows another: where the cycle check last found its run of
     /// follow links to end (`WaitWalk`), by its memory (held, as `HeldMemory` holds a
-    /// promise's); 0 until then. Set once (`pc_word_publish`), never changed, so a reader
-    /// that holds this promise may try it.
+    /// promise's); 0 until then. A locked word (`UnownedLink`): a walk that found the run
+    /// to end further on replaces it, and a reader tries the end under the lock.
     final var chainEndWord: UnsafeMutablePointer<UInt> {
         (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.chainEnd)!)
             .assumingMemoryBound(to: UInt.self)
