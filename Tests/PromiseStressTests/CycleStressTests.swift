@@ -109,6 +109,77 @@ final class CycleStressTests: XCTestCase {
         }
     }
 
+    /// A chain growing at its far end on one thread while two others lock observed side
+    /// followers in to its head: their walks skip along the ends recorded at the head and
+    /// move those records on to the end they found, racing each other and the growth (a
+    /// record is replaced under its word's lock while another walk tries the old end).
+    /// Then the far end fulfils, or follows the head, closing a ring: every promise of the
+    /// chain and every side follower adopts the value, or ends rejected with
+    /// `PromiseError.cycle`.
+    func testSideFollowersOfAChainGrowingAtItsFarEndSettleWithIt() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var rings = 0
+        var fulfilled = 0
+
+        runStressRounds("side followers locking in to the head of a chain growing at its far end", invariants: [
+            "a fulfilled far end: every promise of the chain and every side follower has its value",
+            "a far end following the head: every one of them ends rejected with PromiseError.cycle",
+            "every promise of the round is freed",
+        ], details: {
+            "rounds closing a ring: \(rings); fulfilling: \(fulfilled)"
+        }) { checker in
+            let round = checker.round
+            let closesARing = round % 2 == 1
+            let growth = 8 + round % 24
+            let head = Promise<Int>()
+            let chain = [head] + (0..<growth).map { _ in Promise<Int>() }
+            let sides = (0..<2).map { _ in (0..<8).map { _ in Promise<Int>() } }
+            for seat in sides { for side in seat { side.whenComplete(on: .immediate) { _ in } } }
+            weak let weakHead = head
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    for index in 0..<growth {
+                        chain[index].resolve(with: chain[index + 1])
+                        for _ in 0..<random.below(16) { _ = random.next() }
+                    }
+                    if closesARing { chain[growth].resolve(with: head) }
+                } else {
+                    for side in sides[seat - 1] {
+                        for _ in 0..<random.below(32) { _ = random.next() }
+                        side.resolve(with: head)
+                    }
+                }
+            }
+            checker.check(finished, "round hung")
+            let everyone = chain + sides.joined()
+            if closesARing {
+                rings += 1
+                for (index, promise) in everyone.enumerated() {
+                    _ = endsInCycle(promise, checker, "promise \(index) of \(everyone.count), chain \(growth + 1) long")
+                }
+            } else {
+                fulfilled += 1
+                chain[growth].fulfill(round)
+                for (index, promise) in everyone.enumerated() {
+                    let outcome = Result { try promise.wait(timeout: .seconds(20)) }
+                    guard case .success(round) = outcome else {
+                        checker.fail("promise \(index) of \(everyone.count) ended \(outcome), not \(round)")
+                        continue
+                    }
+                }
+            }
+            _ = consume everyone
+            _ = consume chain
+            _ = consume sides
+            _ = consume head
+            checker.check(weakHead == nil, "the chain's head was not freed")
+            return true
+        }
+    }
+
     func testRingsThroughCombinatorsClosedAtOnceAlwaysSettle() {
         let crew = Crew(size: 2)
         defer { crew.stop() }
