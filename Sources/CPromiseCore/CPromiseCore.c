@@ -740,6 +740,17 @@ void pc_slot_run_end(void) {
     pc_slot_run_depth -= 1;
 }
 
+/* ---- the walk epoch --------------------------------------------------------------- */
+
+uintptr_t pc_walk_epoch_word; /* read inline by pc_walk_epoch (pc_registry.h) */
+
+void pc_walk_epoch_advance(void) {
+    /* full: the StoreLoad half keeps the child's later loads of the links it walks after
+     * this increment (the second Dekker pairing in pc_registry.h); the release half makes
+     * the child's claim visible to a walk whose acquire load sees the new value. */
+    (void)AO_fetch_and_add_full(PC_WORD(&pc_walk_epoch_word), (AO_t)1);
+}
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */

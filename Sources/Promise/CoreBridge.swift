@@ -349,9 +349,7 @@ enum UnownedLink {
     /// The target's address with a retain the caller owns, or nil.
     private static func loadRetained(_ word: UnsafeMutablePointer<UInt>) -> UnsafeMutableRawPointer? {
         // No target, no lock. A word gets its target once, before any reader that needs it
-        // can look (see `follow` for the one that is not set at init), and loses it for good;
-        // or, a follower's recorded chain end, gets one late and has it replaced
-        // (`exchange`): a reader that saw 0 just takes no skip.
+        // can look (see `follow` for the one that is not set at init), and loses it for good.
         guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
         let seen = pc_word_lock(word)
         // swift_tryRetain (CSwiftRuntime): retains unless the count already reached zero,
@@ -365,21 +363,6 @@ enum UnownedLink {
     /// link), before anyone reads it.
     static func store(_ word: UnsafeMutablePointer<UInt>, address: UnsafeMutableRawPointer) {
         pc_word_store(word, UInt(bitPattern: address))
-    }
-
-    /// The target's address (0 if none): one load, no lock; a quick look, which a
-    /// concurrent `exchange` may make stale.
-    static func targetAddress(_ word: UnsafeMutablePointer<UInt>) -> UInt {
-        pc_word_load(word) & ~UInt(PC_WORD_LOCKED)
-    }
-
-    /// Gives the word the target `address` (whose memory the caller holds for the link)
-    /// in place of the one it had, waiting out a reader that is trying that one, and
-    /// returns it (0 if none): the caller then drops the link's hold on that memory.
-    static func exchange(_ word: UnsafeMutablePointer<UInt>, address: UInt) -> UInt {
-        let seen = pc_word_lock(word)
-        pc_word_unlock(word, address)
-        return seen
     }
 
     /// Empties the word, waiting out a reader that is trying the target, and returns what
@@ -398,6 +381,48 @@ enum UnownedLink {
         guard pc_word_load(word) & ~UInt(PC_WORD_LOCKED) == address else { return }
         let seen = pc_word_lock(word)
         pc_word_unlock(word, seen == address ? 0 : seen)
+    }
+}
+
+/// A follower's recorded chain end (`WaitWalk`, `AnyPromise.followChainEnd`): three words
+/// of its rare state, `end`, `tag` and `firstChild`. `end` is a locked word
+/// (`pc_word_lock`) that guards the other two: a walk replaces all three under the lock,
+/// and a reader tries the promises under it, so that a replacer lets go of the old ones'
+/// memory only once no reader is about to try them. `end` and `firstChild` hold their
+/// promises' memory (`HeldMemory`), or are 0.
+struct ChainEndRecordWords {
+    let end: UnsafeMutablePointer<UInt>
+    let tag: UnsafeMutablePointer<UInt>
+    let firstChild: UnsafeMutablePointer<UInt>
+
+    /// The promises, retained (nil where none is recorded or it has begun dying), and the
+    /// tag; nil if no end is recorded (one load, no lock).
+    func load() -> (end: AnyPromise?, tag: UInt, firstChild: AnyPromise?)? {
+        guard pc_word_load(end) & ~UInt(PC_WORD_LOCKED) != 0 else { return nil }
+        let seen = pc_word_lock(end)
+        let tagSeen = tag.pointee
+        let endRetained = UnsafeMutableRawPointer(bitPattern: seen).flatMap { SwiftRuntime.tryRetain($0) }
+        let childRetained = UnsafeMutableRawPointer(bitPattern: firstChild.pointee).flatMap { SwiftRuntime.tryRetain($0) }
+        pc_word_unlock(end, seen)
+        // Balance swift_tryRetain's retains.
+        return (endRetained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() }, tagSeen,
+                childRetained.map { Unmanaged<AnyPromise>.fromOpaque($0).takeRetainedValue() })
+    }
+
+    /// The recorded end's address (0 if none): one load, no lock; a quick look, which a
+    /// concurrent `replace` may make stale.
+    var endAddress: UInt { pc_word_load(end) & ~UInt(PC_WORD_LOCKED) }
+
+    /// Puts in the three values (addresses whose memory the caller holds for the record,
+    /// or 0), waiting out a reader, and returns the two addresses they replace: the caller
+    /// then lets go of that memory.
+    func replace(end newEnd: UInt, tag newTag: UInt, firstChild newChild: UInt) -> (end: UInt, firstChild: UInt) {
+        let oldEnd = pc_word_lock(end)
+        let oldChild = firstChild.pointee
+        tag.pointee = newTag
+        firstChild.pointee = newChild
+        pc_word_unlock(end, newEnd)
+        return (oldEnd, oldChild)
     }
 }
 
@@ -641,6 +666,17 @@ enum TreeFlag {
     static var leftParent: UInt { UInt(PC_TREE_LEFT_PARENT) }
     static var retired: UInt { UInt(PC_TREE_RETIRED) }
     static var retiring: UInt { UInt(PC_TREE_RETIRING) }
+    static var walkedThrough: UInt { UInt(PC_TREE_WALKED_THROUGH) }
+}
+
+/// The walk epoch (`pc_walk_epoch`): moves when a pending child that a cycle check's walk
+/// went through to its parent locks in to follow another promise, which ends the skips
+/// recorded over it (`WaitWalk`).
+enum WalkEpoch {
+    /// Acquire.
+    static var current: UInt { pc_walk_epoch() }
+    /// Full barrier.
+    static func advance() { pc_walk_epoch_advance() }
 }
 
 extension AnyPromise {

@@ -90,6 +90,10 @@ extension AnyPromise {
     /// Records `source` as the promise this one follows, holding its memory, then fences:
     /// only for the thread whose claim to FOLLOWING won, once, right after it.
     final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
+        // A pending child that a walk went through to its parent waits on `source` from
+        // now on: the skips recorded over it end (after the claim's CAS, a full barrier;
+        // see `pc_walk_epoch_advance`).
+        if treeFlags & TreeFlag.walkedThrough != 0 { WalkEpoch.advance() }
         let address = HeldMemory.hold(Unmanaged.passUnretained(source))
         // Release: a canceller or a cycle check that reads the word sees `source`'s address
         // only once its hold is in place.
@@ -113,29 +117,51 @@ extension AnyPromise {
         return HeldMemory.promiseIfAlive(at: address)
     }
 
-    /// Where the cycle check last found this follower's run of follow links to end
-    /// (`WaitWalk`: a promise pending and following nothing, met through followers only),
-    /// retained; nil if none was recorded or it has begun dying.
-    final var followChainEnd: AnyPromise? {
-        existingRareState.flatMap { UnownedLink.load($0.chainEndWord) }
+    /// Where the cycle check last found this follower's run of waits to end (`WaitWalk`:
+    /// a promise pending and following nothing, met through followers and pending
+    /// children), retained, as a walk that began in walk epoch `epoch` may take it: the
+    /// recorded end, if it was reached through follow links only, or through pending
+    /// children in that epoch (then with `firstChild`, the first of them, where the follow
+    /// links end, if it is still alive); else that first child, the end of the follow
+    /// links, with no `firstChild`. Nil if none of these is recorded and alive.
+    final func followChainEnd(inEpoch epoch: UInt)
+        -> (end: AnyPromise, firstChild: AnyPromise?, throughChildren: Bool)? {
+        guard let record = existingRareState?.chainEndRecord.load() else { return nil }
+        if let end = record.end {
+            if record.tag == 0 { return (end, nil, false) }
+            if record.tag == WaitWalk.recordTag(epoch) { return (end, record.firstChild, true) }
+        }
+        return record.firstChild.map { ($0, nil, false) }
     }
 
-    /// Whether a chain end is recorded (`followChainEnd`): two loads, no lock.
-    final var hasFollowChainEnd: Bool {
-        existingRareState.map { UnownedLink.targetAddress($0.chainEndWord) != 0 } ?? false
+    /// Records `end` as where this follower's run of waits ends (see `followChainEnd`),
+    /// in place of the end recorded before, if any: a walk that went on from there found
+    /// the run longer since. `tag`: 0 if the run reached `end` through follow links only,
+    /// else `WaitWalk.recordTag` of the walk's epoch, with `firstChild` the first pending
+    /// child it went through, if still alive. The follower holds the memory of those two
+    /// (bare objects once they died) until it records others or dies itself.
+    final func recordFollowChainEnd(_ end: AnyPromise, tag: UInt, firstChild: AnyPromise?) {
+        let record = rareState.chainEndRecord
+        // A quick look: a racing walk may record another end meanwhile; either is where
+        // the run ended, seen at some point.
+        guard tag != 0 || record.endAddress != UnownedLink.address(of: end) else { return }
+        let replaced = record.replace(end: HeldMemory.hold(Unmanaged.passUnretained(end)), tag: tag,
+                                      firstChild: firstChild.map { HeldMemory.hold(Unmanaged.passUnretained($0)) } ?? 0)
+        if let old = UnsafeMutableRawPointer(bitPattern: replaced.end) { HeldMemory.release(old) }
+        if let old = UnsafeMutableRawPointer(bitPattern: replaced.firstChild) { HeldMemory.release(old) }
     }
 
-    /// Records `end` as where this follower's run of follow links ends (see
-    /// `followChainEnd`), in place of the end recorded before, if any: a walk that went
-    /// on from there found the run longer since. The follower holds `end`'s memory (a
-    /// bare object once `end` died) until it records another or dies itself: one object
-    /// at most, as its followee link holds.
-    final func recordFollowChainEnd(_ end: AnyPromise) {
-        let word = rareState.chainEndWord
-        let address = UnownedLink.address(of: end)
-        guard UnownedLink.targetAddress(word) != address else { return }
-        let replaced = UnownedLink.exchange(word, address: HeldMemory.hold(Unmanaged.passUnretained(end)))
-        if let replaced = UnsafeMutableRawPointer(bitPattern: replaced) { HeldMemory.release(replaced) }
+    /// Marks this pending child as gone through to its parent by a walk that may record a
+    /// skip over it (`WaitWalk`), then looks at its claim: true if it still waits on its
+    /// parent (its claim is free), so the skip holds until it locks in, which advances
+    /// the walk epoch (`recordFollowee`). Full barrier between the mark and the look.
+    final func markWalkedThrough() -> Bool {
+        if treeFlags & TreeFlag.walkedThrough == 0 {
+            _ = setTreeFlag(TreeFlag.walkedThrough)
+        } else {
+            fullFence()
+        }
+        return claimHint == UInt(PC_CLAIM_FREE)
     }
 
     /// Called by a promise that locked in to follow `source`, recorded the link and
@@ -314,6 +340,8 @@ struct WaitWalk {
     /// twice means it went round a loop that skipped the target (see `waits`).
     private var chainEndsTaken: Set<UnsafeMutableRawPointer> = []
     private var loopedThroughChainEnds = false
+    /// The walk epoch when the walk began (see `waits`).
+    private let epoch: UInt
     /// Once branched: the promises and aggregators met, which `kept` keeps alive for the
     /// walk, so that no address in the set is reused by another object meanwhile.
     private var seen: Set<UnsafeMutableRawPointer> = []
@@ -337,7 +365,14 @@ struct WaitWalk {
     init(target: AnyPromise, usesChainEnds: Bool = false) {
         self.target = UnsafeMutableRawPointer(Unmanaged.passUnretained(target).toOpaque())
         self.usesChainEnds = usesChainEnds
+        // After the full fence that followed the store of the link being checked (see
+        // `pc_walk_epoch_advance` for why that order matters).
+        epoch = usesChainEnds ? WalkEpoch.current : 0
     }
+
+    /// The tag of a chain end recorded through pending children, in walk epoch `epoch`:
+    /// never 0, which tags an end reached through follow links only.
+    static func recordTag(_ epoch: UInt) -> UInt { epoch << 1 | 1 }
 
     /// Whether `source` waits on `target` (the promise that locks in): the walk from a
     /// lock-in or a run's new step.
@@ -345,29 +380,45 @@ struct WaitWalk {
     /// Linear chains of followers, however they were built: a chain built inner-first
     /// whose every level is observed before it locks in walks, at each new level, the
     /// whole chain below it, which made such chains quadratic. So, before it branches,
-    /// the walk records, at the first follower of each run of follow links it walks,
-    /// where the run ended (a pending promise that follows nothing: a root, a child
-    /// waiting on its parent, a combinator's output), and a later walk that meets that
-    /// follower skips there. Links are written once, so while every follower of the run
-    /// is still pending the skip leads where the links would; a follower of it that
-    /// settled ends its chain for the exact walk, which the skip does not see. So the
-    /// skipping walk reaches everything the exact one does, and more only through
-    /// followers settled meanwhile (which stop waiting): its "no" is exact, and a "yes"
-    /// that took a skip is asked again of the exact walk. The skip may also jump over the
-    /// target itself, when another walk recorded the run while the target was locking in:
-    /// then the walk goes round a loop of skips (a cycle through the target, seen from
-    /// after it) and takes one skip twice, and the exact walk answers instead. Each
-    /// follower records one end at a time; the end it holds (by its memory) may be stale
-    /// (the chain grew at its far end since), and the walk goes on from there, and then
-    /// records the end it found at every follower it skipped from, in place of the stale
-    /// one, so that a chain growing at its far end while side followers lock in to its
-    /// head costs each walk the links added since the last, not one more skip each time.
-    /// The run's later followers record the same end when
-    /// they have a rare state already (a root that follows keeps its link there), and so
-    /// does every `checkpointSpacing`-th, so that walks starting at each level in turn
-    /// (a side follower locking in to each level of a chain, one after another) reach a
-    /// recorded end within that many links. Cost: a chain walked inner-first takes O(1)
-    /// steps per new level; a walk from any level of a chain walked before, at most
+    /// the walk records, at the first follower of each run of waits it walks, where the
+    /// run ended (a pending promise that follows nothing and waits on no parent: a root,
+    /// a combinator's output, a `timeout` child), and a later walk that meets that follower skips there. A
+    /// run is made of follow links and of the links of pending children to their parents.
+    /// Follow links are written once, so while every follower of the run is still pending
+    /// the skip leads where the links would; a follower of it that settled ends its chain
+    /// for the exact walk, which the skip does not see. So the skipping walk reaches
+    /// everything the exact one does, and more only through followers settled meanwhile
+    /// (which stop waiting): its "no" is exact, and a "yes" that took a skip is asked
+    /// again of the exact walk. The skip may also jump over the target itself, when
+    /// another walk recorded the run while the target was locking in: then the walk goes
+    /// round a loop of skips (a cycle through the target, seen from after it) and takes
+    /// one skip twice, and the exact walk answers instead.
+    ///
+    /// A pending child waits on its parent only until it settles (which, like a
+    /// follower's settle, only stops a wait) or locks in to follow another promise (which
+    /// changes what it waits on). So a run goes on through a pending child only after
+    /// marking it (`markWalkedThrough`), and a child so marked that locks in advances the
+    /// walk epoch (`recordFollowee`); an end recorded through children carries the epoch
+    /// of its walk (`recordTag`), and a walk takes it only in that epoch, which it read
+    /// as it began. Else the walk takes the end of the record's follow links, recorded
+    /// beside it: the first child it went through. (A walk's epoch is read after the link
+    /// it checks is stored and fenced, so a child that locks in once the walk has read it
+    /// sees that link in its own check: `pc_walk_epoch_advance`.) Levels that alternate
+    /// a follow and a pending child (each following a `map` of the level below), built
+    /// inner-first and observed at every level, so take O(1) steps a level while no such
+    /// child locks in anywhere; while they do, as many as the follow links alone allow.
+    ///
+    /// Each follower records one end at a time; the end it holds (by its memory) may be
+    /// stale (the chain grew at its far end since), and the walk goes on from there, and
+    /// then records the end it found at every follower it skipped from, in place of the
+    /// stale one, so that a chain growing at its far end while side followers lock in to
+    /// its head costs each walk the links added since the last, not one more skip each
+    /// time. The run's later followers record the same end when they have a rare state
+    /// already (a root that follows keeps its link there), and so does every
+    /// `checkpointSpacing`-th, so that walks starting at each level in turn (a side
+    /// follower locking in to each level of a chain, one after another) reach a recorded
+    /// end within that many links. Cost: a chain walked inner-first takes O(1) steps per
+    /// new level; a walk from any level of a chain walked before, at most
     /// `checkpointSpacing` steps; one allocation (the follower's rare state) per end
     /// recorded at a run's first follower, and one per `checkpointSpacing` followers of a
     /// walked chain that have no rare state.
@@ -456,13 +507,24 @@ struct WaitWalk {
     private mutating func follow(from start: AnyPromise, claim startClaim: UInt? = nil, remembering: Bool) -> End {
         var current = start
         var claimRead = startClaim
-        // The first follower of the run of follow links being walked, and how many links
-        // the run has taken (see `waits`): unbranched walks that skip only.
+        // The run of waits being walked (see `waits`; unbranched walks that skip only):
+        // its first follower, and how many links it has taken.
         var runStart: AnyPromise? = nil
         var runLinks = 0
-        // Later followers of the run that record its end too (see `waits`): those with a
-        // rare state and no end recorded, and every `checkpointSpacing`-th.
-        var laterFollowers: [AnyPromise] = []
+        // The followers of the run that record its end: the first, those with a rare state
+        // (a root that follows keeps its link there; a follower skipped from has one),
+        // and every `checkpointSpacing`-th; for each, whether the run went through a
+        // pending child after it, and the first such child. Those from
+        // `beforeFirstChild` on have met none yet.
+        var recorders: [(follower: AnyPromise, throughChildren: Bool, firstChild: AnyPromise?)] = []
+        var beforeFirstChild = 0
+        func wentThrough(firstChild child: AnyPromise?) {
+            for index in beforeFirstChild..<recorders.count {
+                recorders[index].throughChildren = true
+                recorders[index].firstChild = child
+            }
+            beforeFirstChild = recorders.count
+        }
         while true {
             let next: UnsafeMutableRawPointer?
             let claim = claimRead ?? current.claimHint
@@ -471,39 +533,50 @@ struct WaitWalk {
                 // Locked in but its link not recorded yet: it waits on nobody we can see,
                 // and its own check, after recording, sees our link (the fences).
                 if usesChainEnds && !branched {
-                    if runStart == nil {
-                        runStart = current
-                    } else if !current.hasFollowChainEnd,
-                              current.existingRareState != nil || runLinks % WaitWalk.checkpointSpacing == 0 {
-                        laterFollowers.append(current)
+                    if runStart == nil || current.existingRareState != nil
+                        || runLinks % WaitWalk.checkpointSpacing == 0 {
+                        recorders.append((current, false, nil))
                     }
+                    if runStart == nil { runStart = current }
                     runLinks += 1
-                    if let end = current.followChainEnd {
+                    if let skip = current.followChainEnd(inEpoch: epoch) {
                         let taken = UnsafeMutableRawPointer(Unmanaged.passUnretained(current).toOpaque())
                         guard chainEndsTaken.insert(taken).inserted else {
                             loopedThroughChainEnds = true
                             return .elsewhere
                         }
-                        if isTarget(end) { return .target }
-                        guard end.isPending else { return .elsewhere }
-                        // Its record moves on with the first's, if the run goes on past it.
-                        if current !== runStart { laterFollowers.append(current) }
-                        current = end
+                        if skip.throughChildren { wentThrough(firstChild: skip.firstChild) }
+                        if isTarget(skip.end) { return .target }
+                        guard skip.end.isPending else { return .elsewhere }
+                        current = skip.end
                         continue
                     }
                 }
                 next = current.followeeAddress
             } else if !current.isPending {
                 return .elsewhere
+            } else if runStart != nil, let parent = current.parentAddress,
+                      current.parentWord & ParentLink.settledBesidesParent == 0 {
+                // A pending child inside a run: it waits on its parent, and the run goes on
+                // through it, marked, so that a skip recorded over it ends if it locks in
+                // to follow another promise instead (see `waits`).
+                guard current.markWalkedThrough() else { continue }  // it settled or locked in: look again
+                wentThrough(firstChild: current)
+                runLinks += 1
+                next = parent
             } else {
-                // Pending and following nothing: the run of follow links ends here.
-                if let first = runStart, runLinks >= 2 {
-                    first.recordFollowChainEnd(current)
-                    for follower in laterFollowers { follower.recordFollowChainEnd(current) }
+                // Pending and following nothing: the run of waits ends here.
+                if runLinks >= 2 {
+                    let tag = WaitWalk.recordTag(epoch)
+                    for recorder in recorders {
+                        recorder.follower.recordFollowChainEnd(current, tag: recorder.throughChildren ? tag : 0,
+                                                               firstChild: recorder.firstChild)
+                    }
                 }
                 runStart = nil
                 runLinks = 0
-                laterFollowers.removeAll()
+                recorders.removeAll()
+                beforeFirstChild = 0
                 if let parent = current.parentAddress {
                     // A child waits on its parent while it is pending, unless something
                     // else settles it too (`timeout`'s timer).

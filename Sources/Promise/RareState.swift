@@ -115,10 +115,12 @@ enum WaiterAddition {
 final class RareState: @unchecked Sendable {
     // First stored property, so that its address is known without a lookup: the list's
     // node, registered on the promise once, the list's lock (a `pc_word_lock` word whose
-    // value stays 0), a root's followee word (see `AnyPromise.followeeWord`) and a run
-    // output's link to its run (`runWord`). A tuple keeps them in this order.
-    private final var header: Header = (pc_node(), 0, 0, 0, 0)
-    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt, chainEnd: UInt)
+    // value stays 0), a root's followee word (see `AnyPromise.followeeWord`), a run
+    // output's link to its run (`runWord`), and a follower's recorded chain end
+    // (`chainEndRecord`). A tuple keeps them in this order.
+    private final var header: Header = (pc_node(), 0, 0, 0, 0, 0, 0)
+    private typealias Header = (node: pc_node, lock: UInt, followee: UInt, run: UInt,
+                                chainEnd: UInt, chainEndTag: UInt, chainEndFirstChild: UInt)
     /// The promise that settled, retained while the deferred node waits to run.
     private var sourceRetain: Unmanaged<AnyPromise>?
     /// The reason of a cancel forwarded through the promise after it had settled: written
@@ -147,16 +149,19 @@ final class RareState: @unchecked Sendable {
     deinit {
         if let aggregatorMemory { SwiftRuntime.unownedRelease(aggregatorMemory) }
         if let run = UnsafeMutableRawPointer(bitPattern: runWord.pointee) { SwiftRuntime.unownedRelease(run) }
-        if let end = UnsafeMutableRawPointer(bitPattern: chainEndWord.pointee) { HeldMemory.release(end) }
+        let record = chainEndRecord
+        if let end = UnsafeMutableRawPointer(bitPattern: record.end.pointee) { HeldMemory.release(end) }
+        if let child = UnsafeMutableRawPointer(bitPattern: record.firstChild.pointee) { HeldMemory.release(child) }
     }
 
-    /// A promise that follows another: where the cycle check last found its run of
-    /// follow links to end (`WaitWalk`), by its memory (held, as `HeldMemory` holds a
-    /// promise's); 0 until then. A locked word (`UnownedLink`): a walk that found the run
-    /// to end further on replaces it, and a reader tries the end under the lock.
-    final var chainEndWord: UnsafeMutablePointer<UInt> {
-        (Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize + MemoryLayout<Header>.offset(of: \.chainEnd)!)
-            .assumingMemoryBound(to: UInt.self)
+    /// A promise that follows another: where the cycle check last found its run of waits
+    /// to end (`WaitWalk`, `AnyPromise.followChainEnd`); all 0 until then.
+    final var chainEndRecord: ChainEndRecordWords {
+        let header = Unmanaged.passUnretained(self).toOpaque() + CoreLayout.headerSize
+        return ChainEndRecordWords(
+            end: (header + MemoryLayout<Header>.offset(of: \.chainEnd)!).assumingMemoryBound(to: UInt.self),
+            tag: (header + MemoryLayout<Header>.offset(of: \.chainEndTag)!).assumingMemoryBound(to: UInt.self),
+            firstChild: (header + MemoryLayout<Header>.offset(of: \.chainEndFirstChild)!).assumingMemoryBound(to: UInt.self))
     }
 
     /// A run's output only (`retry`, `sequence`): the run's object the cycle check asks

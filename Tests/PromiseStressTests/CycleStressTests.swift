@@ -180,6 +180,63 @@ final class CycleStressTests: XCTestCase {
         }
     }
 
+    /// A ring closed through a pending child at the moment that child locks in: a chain
+    /// `head -> middle -> child` (the child of a pending `parent`), with the cycle
+    /// check's record at `head` going on through the child to `parent` (made before the
+    /// threads start, or by their own walks), while one thread locks the child in to
+    /// follow `x` and another locks `x` in to follow a side follower of `head`, and a
+    /// third locks another side follower in. The child's lock-in ends skips recorded
+    /// through it (the walk epoch), which a walk reads as it begins: whichever lock-in
+    /// comes last sees the ring, and every promise of it ends rejected with
+    /// `PromiseError.cycle`.
+    func testARingClosedThroughAChildLockingInAlwaysRejects() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        var recordedBefore = 0
+
+        runStressRounds("a ring closed through a pending child as it locks in", invariants: [
+            "the child, the chain, x and both side followers end rejected with PromiseError.cycle",
+            "every promise of the round is freed",
+        ], details: {
+            "rounds with the record made before the threads start: \(recordedBefore)"
+        }) { checker in
+            let round = checker.round
+            let parent = Promise<Int>()
+            let child = parent.map(on: .immediate) { $0 }
+            let head = Promise<Int>(), middle = Promise<Int>(), x = Promise<Int>()
+            let side = Promise<Int>(), otherSide = Promise<Int>()
+            for promise in [head, middle, x, side, otherSide] { promise.whenComplete(on: .immediate) { _ in } }
+            middle.resolve(with: child)
+            head.resolve(with: middle)
+            if round % 2 == 0 {
+                recordedBefore += 1
+                side.resolve(with: head)  // records the end at head, through the child
+            }
+            weak let weakChild = child
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                for _ in 0..<random.below(64) { _ = random.next() }
+                switch seat {
+                case 0: child.resolve(with: x)
+                case 1:
+                    if round % 2 == 1 { side.resolve(with: head) }
+                    x.resolve(with: side)
+                default: otherSide.resolve(with: head)
+                }
+            }
+            checker.check(finished, "round hung")
+            for (name, promise) in [("child", child), ("head", head), ("middle", middle), ("x", x),
+                                    ("side", side), ("other side", otherSide)] {
+                _ = endsInCycle(promise, checker, name)
+            }
+            parent.cancel()
+            _ = consume child
+            checker.check(weakChild == nil, "the child was not freed")
+            return true
+        }
+    }
+
     func testRingsThroughCombinatorsClosedAtOnceAlwaysSettle() {
         let crew = Crew(size: 2)
         defer { crew.stop() }

@@ -357,6 +357,55 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(start), 60)
     }
 
+    /// Levels that alternate a follow and a pending child (each level follows a `map` of
+    /// the level below), built inner-first and observed at every level: a run of waits
+    /// ended at each pending child, so each level's walk went down the whole chain below
+    /// it (quadratic: 20,000 levels took minutes in a debug build). A walk now goes on
+    /// through a pending child to its parent, and the end it records there holds while
+    /// the children it went through still wait on their parents.
+    func testLevelsAlternatingAFollowAndAPendingChildAreLinear() {
+        let levels = 50_000
+        let start = Date()
+        let innermost = Promise<Int>()
+        let triggers = (0..<levels).map { _ in Promise<Int>() }
+        var below = innermost
+        for trigger in triggers {
+            let mapped = below.map(on: .immediate) { $0 + 1 }
+            let next = trigger.flatMap(on: .immediate) { _ in mapped }
+            next.whenComplete(on: .immediate) { _ in }
+            below = next
+        }
+        for trigger in triggers { trigger.fulfill(0) }  // the levels lock in, inner first
+        innermost.fulfill(0)
+        XCTAssertEqual(try below.wait(timeout: .seconds(10)), levels)
+        // Generous for a debug build under a sanitizer; quadratic took minutes.
+        XCTAssertLessThan(Date().timeIntervalSince(start), 60)
+    }
+
+    /// A skip recorded through a pending child ends when that child locks in to follow
+    /// another promise: a cycle closed through the child's new followee is still seen
+    /// (with the skip, the walk would have jumped to the child's old parent, and the
+    /// cycle stayed pending).
+    func testASkipThroughAPendingChildEndsWhenTheChildLocksIn() {
+        let parent = Promise<Int>()
+        defer { parent.cancel() }
+        let child = parent.map(on: .immediate) { $0 }
+        let head = Promise<Int>(), middle = Promise<Int>()
+        for promise in [head, middle] { promise.whenComplete(on: .immediate) { _ in } }
+        middle.resolve(with: child)
+        head.resolve(with: middle)
+        let side = Promise<Int>()
+        side.whenComplete(on: .immediate) { _ in }
+        side.resolve(with: head)  // walks head, middle, child, parent: records the end at head
+        let elsewhere = Promise<Int>()
+        child.resolve(with: elsewhere)  // the child waits on `elsewhere` now, not on its parent
+        elsewhere.resolve(with: side)  // elsewhere -> side -> head -> middle -> child -> elsewhere
+        XCTAssertEqual(elsewhere.state, .rejected)
+        XCTAssertThrowsError(try side.wait(timeout: .seconds(10))) {
+            guard case PromiseError.cycle? = $0 as? PromiseError else { return XCTFail("expected a cycle, got \($0)") }
+        }
+    }
+
     /// The cycle check still sees a cycle closed at the far end of a long chain.
     func testCycleAtTheEndOfALongFollowChainIsSeen() {
         let innermost = Promise<Int>()

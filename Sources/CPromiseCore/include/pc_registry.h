@@ -70,7 +70,12 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
                                        its second look at the reference counts, then turned
                                        into RETIRED or cleared (pc_tree_flags_update); a
                                        reader waits it out (pc_tree_flags_after_fence) */
-#define PC_TREE_COUNT_SHIFT 8u      /* the registry's link count sits above the eight bits */
+#define PC_TREE_WALKED_THROUGH 256u /* a cycle check's walk went on through this pending
+                                       child to its parent, and may have recorded a skip
+                                       over it that holds while it waits on its parent: if
+                                       it locks in to follow another promise instead, it
+                                       advances the walk epoch (pc_walk_epoch_advance) */
+#define PC_TREE_COUNT_SHIFT 9u      /* the registry's link count sits above the nine bits */
 
 /*
  * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
@@ -231,6 +236,41 @@ extern uintptr_t pc_forwarding_word;
 static inline uintptr_t pc_forwarding_epoch(void) {
     return __atomic_load_n(&pc_forwarding_word, __ATOMIC_ACQUIRE);
 }
+
+/*
+ * The walk epoch: one process-wide count of the lock-ins of pending children that a cycle
+ * check's walk went through to their parent (PC_TREE_WALKED_THROUGH). The overlay's walk
+ * records, at a follower, where its chain of waits ends, to skip there later; a record
+ * that passes through such a child holds only while the child waits on its parent, so it
+ * carries the epoch it was made in, and holds while the epoch has not moved. Written only
+ * by those lock-ins (rare); read by walks (cold).
+ */
+#if defined(__clang__)
+__attribute__((swift_private))
+#endif
+extern uintptr_t pc_walk_epoch_word;
+
+/*
+ * The epoch. acquire: pairs with the full read-modify-write of pc_walk_epoch_advance. A
+ * walk reads it once, as it begins (after the full fence that follows the store of the
+ * link it checks), and takes only the skips recorded in that epoch.
+ */
+static inline uintptr_t pc_walk_epoch(void) {
+    return __atomic_load_n(&pc_walk_epoch_word, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Advances the epoch: called by a child marked PC_TREE_WALKED_THROUGH right after its
+ * claim to follow won, before it records its followee link. Full barrier, two Dekker
+ * pairings. The child's claim CAS, then its load of the mark, against a walk's mark
+ * (pc_tree_flags_set), then its load of the claim: either the walk sees the child locked
+ * in (and does not go through it), or the child sees the mark and advances. This
+ * increment, then the child's loads of links in its own cycle check, against a walk's
+ * store of the link it checks, full fence, then its pc_walk_epoch load: either that walk
+ * reads the new epoch (and takes no skip recorded through the child), or the child's
+ * check sees the walk's link (and finds a cycle closed through both).
+ */
+void pc_walk_epoch_advance(void);
 
 #ifdef __cplusplus
 }
