@@ -134,7 +134,7 @@
 #define HEAD(w)    ((w) / 8)            /* (pc_node *)(w & ~PC_TAG_MASK) */
 #define WORD(h, t) ((h) * 8 + (t))      /* (uintptr_t)node | tags */
 
-#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE_MODEL) && !defined(PARK_MODEL)
+#if !defined(REGISTRY) && !defined(EPOCH) && !defined(CYCLE) && !defined(HOLDS) && !defined(GATE) && !defined(REACH_MODEL) && !defined(PRUNE) && !defined(CASCADE_MODEL) && !defined(LIFETIME_MODEL) && !defined(RETIRE_MODEL) && !defined(PARK_MODEL) && !defined(WALK_MODEL)
 /* ======================================================================================
  * Model 1: the observer protocol of one promise.
  *
@@ -1163,6 +1163,149 @@ init {
            || rclaim[2] == REJECTED
 #endif
     )
+}
+
+#endif
+
+#ifdef WALK_MODEL
+/* ======================================================================================
+ * Model 4b (-DWALK_MODEL): the cycle check's skips through a pending child, and the walk
+ * epoch that ends them when the child locks in (WaitWalk.follow, markWalkedThrough,
+ * recordFollowee, pc_walk_epoch_advance).
+ *
+ * H follows C, the pending child of the pending root P. T locks in to follow H while C
+ * locks in to follow T, closing the ring T -> H -> C -> T. Each runs the cycle check
+ * (both have observers). A walk reads the epoch as it begins, after its own link is
+ * stored and fenced. At H it may find a record: the end of H's run (P, reached through
+ * C), made in epoch `rtag - 1`, with the first child it went through (C); it takes P in
+ * that epoch, and C in any other. At C, pending, it marks C, then looks at C's claim:
+ * still free, it goes on to P and records that at H, in its own epoch; else it looks at
+ * C again. C, once its claim to follow won, advances the epoch if it is marked, then
+ * stores its link and walks.
+ *
+ * -DPRE_RECORDED: an earlier walk marked C and recorded P at H in epoch 0; else the
+ * walkers make the mark and the record themselves.
+ *
+ * Property: when both are done, T or C is rejected with the cycle.
+ *
+ * Broken variants (must FAIL):
+ *   -DBROKEN_NO_ADVANCE   a marked child that locks in leaves the epoch alone
+ *   -DBROKEN_EPOCH_FIRST  a walk reads the epoch before its link is stored
+ *   -DBROKEN_LOOK_FIRST   a walk looks at the child's claim before it marks the child
+ * ====================================================================================== */
+
+#define WT 0
+#define WH 1
+#define WC 2
+#define WP 3
+
+byte wclaim[4];           /* claim words; H follows C from the start */
+byte wlink[4];            /* followee links: 0 = none, else followee + 1 */
+bit  wmark;               /* PC_TREE_WALKED_THROUGH on C */
+byte wepoch;              /* pc_walk_epoch_word */
+byte rend;                /* H's record: its end + 1 (0: none), */
+byte rtag;                /* the epoch it holds in + 1 (WaitWalk.recordTag), */
+byte rchild;              /* the first child it went through + 1 */
+
+/* The walk of `me` (T or C) from `start`; sets `cycle` if it meets `me`. */
+inline walk_through(start) {
+    cur = start;
+    do
+    :: d_step { (wclaim[cur] == FOLLOWING && cur == WH && rend != 0) ->
+           if
+           :: rtag == e + 1 -> next = rend - 1                   /* the end, in its epoch */
+           :: else -> next = rchild - 1                          /* the end of its follow links */
+           fi };
+       if
+       :: next == me -> cycle = true; break
+       :: else -> cur = next
+       fi
+    :: d_step { (wclaim[cur] == FOLLOWING && !(cur == WH && rend != 0) && wlink[cur] != 0) ->
+           next = wlink[cur] - 1 };
+       if
+       :: next == me -> cycle = true; break
+       :: else -> cur = next
+       fi
+    :: atomic { (wclaim[cur] == FOLLOWING && !(cur == WH && rend != 0) && wlink[cur] == 0) -> break }
+                                                                 /* its link not stored yet */
+    :: atomic { (wclaim[cur] == FREE && cur == WC) ->
+#if defined(BROKEN_LOOK_FIRST)
+           seenFree = true };                                    /* the look, then the mark */
+       wmark = 1;
+#else
+           wmark = 1 };                                          /* markWalkedThrough: the mark, */
+       seenFree = (wclaim[WC] == FREE);                          /* fence, then the look */
+#endif
+       if
+       :: seenFree ->
+           d_step { rend = WP + 1; rtag = e + 1; rchild = WC + 1 };  /* records P at H, */
+           break                                                 /* through C; P: no cycle */
+       :: else                                                   /* locked in: look again */
+       fi
+    :: atomic { (cur == WP || (cur == WT && wclaim[cur] == FREE)
+                 || (wclaim[cur] != FREE && wclaim[cur] != FOLLOWING)) -> break }
+                                                                 /* pending, no parent: P, or T
+                                                                    not locked in yet; or settled */
+    od
+}
+
+proctype WalkT() {
+    byte cur, next, e;
+    byte me = WT;
+    bool cycle = false, seenFree;
+    d_step { wclaim[WT] == FREE -> wclaim[WT] = FOLLOWING };     /* pc_claim(FREE -> FOLLOWING) */
+#if defined(BROKEN_EPOCH_FIRST)
+    e = wepoch;
+    wlink[WT] = WH + 1;
+#else
+    wlink[WT] = WH + 1;                                          /* recordFollowee, pc_fence */
+    e = wepoch;                                                  /* the walk begins */
+#endif
+    walk_through(WH);
+    if
+    :: cycle -> d_step { wclaim[WT] == FOLLOWING -> wclaim[WT] = REJECTED }
+    :: else
+    fi
+}
+
+proctype WalkC() {
+    byte cur, next, e;
+    byte me = WC;
+    bool cycle = false, seenFree;
+    d_step { wclaim[WC] == FREE -> wclaim[WC] = FOLLOWING };     /* pc_claim: full barrier */
+#if !defined(BROKEN_NO_ADVANCE)
+    if
+    :: wmark -> wepoch++                                         /* pc_walk_epoch_advance */
+    :: else
+    fi;
+#endif
+#if defined(BROKEN_EPOCH_FIRST)
+    e = wepoch;
+    wlink[WC] = WT + 1;
+#else
+    wlink[WC] = WT + 1;                                          /* recordFollowee, pc_fence */
+    e = wepoch;
+#endif
+    walk_through(WT);
+    if
+    :: cycle -> d_step { wclaim[WC] == FOLLOWING -> wclaim[WC] = REJECTED }
+    :: else
+    fi
+}
+
+init {
+    atomic {
+        wclaim[WH] = FOLLOWING;
+        wlink[WH] = WC + 1;
+#if defined(PRE_RECORDED)
+        wmark = 1;
+        rend = WP + 1; rtag = 1; rchild = WC + 1;
+#endif
+        run WalkT();
+        run WalkC()
+    }
+    timeout;                                                     /* both are done */
+    assert(wclaim[WT] == REJECTED || wclaim[WC] == REJECTED)
 }
 
 #endif

@@ -78,6 +78,10 @@ $(eval $(call verify_run,epoch-cancel-parent-safety,pass,-DEPOCH -DCANCEL_P,$(PA
 # Promises locking in to follow each other at once: rings of 2 and 3, the cycle check.
 $(eval $(call verify_run,cycle-ring2-safety,pass,-DCYCLE -DNRING=2,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,cycle-ring3-safety,pass,-DCYCLE -DNRING=3,$(PAN_SAFETY),-m100000))
+# The cycle check's skips through a pending child, against that child locking in to close
+# a ring: with the skip recorded before, or by the walkers themselves.
+$(eval $(call verify_run,walk-safety,pass,-DWALK_MODEL,$(PAN_SAFETY),-m100000))
+$(eval $(call verify_run,walk-pre-recorded-safety,pass,-DWALK_MODEL -DPRE_RECORDED,$(PAN_SAFETY),-m100000))
 $(eval $(call verify_run,gate-safety,pass,-DGATE -DNCB=3,$(PAN_SAFETY),-m100000))
 # Cancel reach: a root's cancel, a leaf going in flight below a step nobody holds, a side
 # branch that linked the leaf early, the step's death.
@@ -116,6 +120,9 @@ $(eval $(call verify_run,broken-epoch-late-begin,fail,-DEPOCH -DBROKEN_LATE_BEGI
 $(eval $(call verify_run,broken-epoch-active-equal,fail,-DEPOCH -DBROKEN_ACTIVE_EQUAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cycle-no-fence,fail,-DCYCLE -DNRING=2 -DBROKEN_NO_FENCE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-cycle-check-first,fail,-DCYCLE -DNRING=2 -DBROKEN_CHECK_FIRST,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-walk-no-advance,fail,-DWALK_MODEL -DPRE_RECORDED -DBROKEN_NO_ADVANCE,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-walk-epoch-first,fail,-DWALK_MODEL -DPRE_RECORDED -DBROKEN_EPOCH_FIRST,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-walk-look-first,fail,-DWALK_MODEL -DBROKEN_LOOK_FIRST,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-reach-hold-if-unlinked,fail,-DREACH_MODEL -DBROKEN_HOLD_IF_UNLINKED,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-gate-ignores-inside,fail,-DGATE -DNCB=3 -DBROKEN_GATE_IGNORES_INSIDE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-epoch-parent-only,fail,-DEPOCH -DBROKEN_PARENT_ONLY,$(PAN_BROKEN),-m100000 -I))
