@@ -51,7 +51,11 @@ extension Promise {
     /// ```
     ///
     /// It settles on the future's event loop, so `.immediate` handlers run there. The
-    /// future keeps the promise alive until it completes, as any resolver does.
+    /// future keeps the promise alive until it completes, as any resolver does. The loop
+    /// must not have shut down: NIO drops the callbacks of a future on a loop that has
+    /// (completed or not), so the promise never hears of it. What was derived from it
+    /// then breaks (`PromiseError.brokenPromise`) once the promise is freed; an `await` or
+    /// `wait()` on the promise itself holds it, and waits until its timeout.
     ///
     /// Cancelling the promise stops waiting for the future: the promise settles as
     /// cancelled at once (its children with it) and the future's later completion is
