@@ -353,12 +353,12 @@ struct WaitWalk {
     private var asked: [UnsafeMutableRawPointer] = []
     /// The answers found, while asking about the aggregators in `asked`, to whether an
     /// output one input may settle waits on the target (`enter`), each with how many
-    /// aggregators were being asked about then. Inputs that share the chain below (`all([next,
-    /// next])` at each level of a cycle) reach one output many times; asked again, it
-    /// would take twice the tries per level, and the budget would be spent from about
-    /// seven levels on. An answer holds while those it was found under are still asked
-    /// about: a "yes" also under more of them (an input that comes back to one asked about
-    /// waits on it), a "no" only under the same ones. Dropped as they are.
+    /// aggregators were being asked about then. Inputs that share the chain below
+    /// (`all([next, next])` at each level of a cycle) reach one output many times; asked
+    /// again, it would take twice the tries per level, and the budget would be spent from
+    /// about seven levels on. An answer holds while those it was found under are still
+    /// asked about: a "yes" also under more of them (an input that comes back to one
+    /// asked about waits on it), a "no" only under the same ones. Dropped as they are.
     private var answers: [UnsafeMutableRawPointer: (level: Int, waits: Bool)] = [:]
     private var answersInOrder: [(aggregator: UnsafeMutableRawPointer, level: Int)] = []
 
@@ -382,17 +382,17 @@ struct WaitWalk {
     /// whole chain below it, which made such chains quadratic. So, before it branches,
     /// the walk records, at the first follower of each run of waits it walks, where the
     /// run ended (a pending promise that follows nothing and waits on no parent: a root,
-    /// a combinator's output, a `timeout` child), and a later walk that meets that follower skips there. A
-    /// run is made of follow links and of the links of pending children to their parents.
-    /// Follow links are written once, so while every follower of the run is still pending
-    /// the skip leads where the links would; a follower of it that settled ends its chain
-    /// for the exact walk, which the skip does not see. So the skipping walk reaches
-    /// everything the exact one does, and more only through followers settled meanwhile
-    /// (which stop waiting): its "no" is exact, and a "yes" that took a skip is asked
-    /// again of the exact walk. The skip may also jump over the target itself, when
-    /// another walk recorded the run while the target was locking in: then the walk goes
-    /// round a loop of skips (a cycle through the target, seen from after it) and takes
-    /// one skip twice, and the exact walk answers instead.
+    /// a combinator's output, a `timeout` child), and a later walk that meets that
+    /// follower skips there. A run is made of follow links and of the links of pending
+    /// children to their parents. Follow links are written once, so while every follower
+    /// of the run is still pending the skip leads where the links would; a follower of it
+    /// that settled ends its chain for the exact walk, which the skip does not see. So
+    /// the skipping walk reaches everything the exact one does, and more only through
+    /// followers settled meanwhile (which stop waiting): its "no" is exact, and a "yes"
+    /// that took a skip is asked again of the exact walk. The skip may also jump over the
+    /// target itself, when another walk recorded the run while the target was locking in:
+    /// then the walk goes round a loop of skips (a cycle through the target, seen from
+    /// after it) and takes one skip twice, and the exact walk answers instead.
     ///
     /// A pending child waits on its parent only until it settles (which, like a
     /// follower's settle, only stops a wait) or locks in to follow another promise (which
@@ -403,8 +403,8 @@ struct WaitWalk {
     /// as it began. Else the walk takes the end of the record's follow links, recorded
     /// beside it: the first child it went through. (A walk's epoch is read after the link
     /// it checks is stored and fenced, so a child that locks in once the walk has read it
-    /// sees that link in its own check: `pc_walk_epoch_advance`.) Levels that alternate
-    /// a follow and a pending child (each following a `map` of the level below), built
+    /// sees that link in its own check: `pc_walk_epoch_advance`.) Levels that alternate a
+    /// follow and a pending child (each following a `map` of the level below), built
     /// inner-first and observed at every level, so take O(1) steps a level while no such
     /// child locks in anywhere; while they do, as many as the follow links alone allow.
     ///
