@@ -152,16 +152,16 @@ extension AnyPromise {
     }
 
     /// Marks this pending child as gone through to its parent by a walk that may record a
-    /// skip over it (`WaitWalk`), then looks at its claim: true if it still waits on its
-    /// parent (its claim is free), so the skip holds until it locks in, which advances
-    /// the walk epoch (`recordFollowee`). Full barrier between the mark and the look.
-    final func markWalkedThrough() -> Bool {
+    /// skip over it (`WaitWalk`), then looks at its claim and returns it: free, the child
+    /// still waits on its parent, and the skip holds until it locks in, which advances the
+    /// walk epoch (`recordFollowee`). Full barrier between the mark and the look.
+    final func markWalkedThrough() -> UInt {
         if treeFlags & TreeFlag.walkedThrough == 0 {
             _ = setTreeFlag(TreeFlag.walkedThrough)
         } else {
             fullFence()
         }
-        return claimHint == UInt(PC_CLAIM_FREE)
+        return claimHint
     }
 
     /// Called by a promise that locked in to follow `source`, recorded the link and
@@ -560,7 +560,14 @@ struct WaitWalk {
                 // A pending child inside a run: it waits on its parent, and the run goes on
                 // through it, marked, so that a skip recorded over it ends if it locks in
                 // to follow another promise instead (see `waits`).
-                guard current.markWalkedThrough() else { continue }  // it settled or locked in: look again
+                let claimAfterMark = current.markWalkedThrough()
+                if claimAfterMark != UInt(PC_CLAIM_FREE) {
+                    // Locked in meanwhile: look again. Or its settle is decided (not yet
+                    // published, which the walk does not wait for): it waits on nothing.
+                    guard claimAfterMark == UInt(PC_CLAIM_FOLLOWING) else { return .elsewhere }
+                    claimRead = claimAfterMark
+                    continue
+                }
                 wentThrough(firstChild: current)
                 runLinks += 1
                 next = parent
