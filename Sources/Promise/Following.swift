@@ -406,7 +406,8 @@ struct WaitWalk {
     /// sees that link in its own check: `pc_walk_epoch_advance`.) Levels that alternate a
     /// follow and a pending child (each following a `map` of the level below), built
     /// inner-first and observed at every level, so take O(1) steps a level while no such
-    /// child locks in anywhere; while they do, as many as the follow links alone allow.
+    /// child locks in anywhere; while they do, as many as the follow links alone allow
+    /// (each dearer: the marks, and records made that a later walk cannot take).
     ///
     /// Each follower records one end at a time; the end it holds (by its memory) may be
     /// stale (the chain grew at its far end since), and the walk goes on from there, and
