@@ -494,6 +494,36 @@ final class CycleTests: XCTestCase {
         }
     }
 
+    /// A walk that meets a child whose settle is decided but not yet published does not
+    /// wait for the publish: the child waits on nothing any more. (It looked at the child
+    /// again and again, so a walk on the thread that was between the child's claim and its
+    /// publish spun for ever: here, a diagnostics handler, which runs there for a cycle,
+    /// locking a promise in against the rules, which say not to.)
+    func testAWalkDoesNotWaitForADecidedSettleToBePublished() {
+        let parent = Promise<Int>()
+        defer { parent.cancel() }
+        let child = parent.map(on: .immediate) { $0 }
+        let follower = Promise<Int>()
+        follower.resolve(with: child)
+        let side = Promise<Int>()
+        side.whenComplete(on: .immediate) { _ in }
+        let events = Recorder<Int>()
+        PromiseDiagnostics.setHandler { event in
+            guard case .cycle = event.kind else { return }
+            events.append(1)
+            if events.count == 1 { side.resolve(with: follower) }  // walks follower, then child
+        }
+        defer { PromiseDiagnostics.setHandler(nil) }
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            child.resolve(with: child)  // claims the cycle's rejection, reports, then publishes
+            done.signal()
+        }
+        XCTAssertEqual(done.wait(timeout: .now() + 10), .success, "the walk waited for the publish on its own thread")
+        assertCycle(child)
+        assertCycle(side)
+    }
+
     /// An output its holder locked in to follow another promise is no longer its
     /// aggregator's to settle: an input settling later asks nothing, and an input that
     /// follows the output waits on that other promise, no cycle (before, it was rejected
