@@ -887,12 +887,6 @@ func loadWordAcquiring(_ word: UnsafeMutablePointer<UInt>) -> UInt {
     pc_word_load(word)
 }
 
-/// Stores `value` into `word` if it is still 0 (`pc_word_publish`: a CAS, release);
-/// false if another thread's value came first.
-func publishWordOnce(_ word: UnsafeMutablePointer<UInt>, _ value: UInt) -> Bool {
-    pc_word_publish(word, value)
-}
-
 /// A full memory fence, StoreLoad included (`pc_fence`).
 func fullFence() {
     pc_fence()
