@@ -23,6 +23,11 @@ extension Promise {
     ///   receiver's error without calling `body`.
     ///
     /// Threading: `body` runs once, on `context`, after the receiver fulfils.
+    ///
+    /// Swift tells this form from the promise-returning one by what `body` returns. A
+    /// body of several statements that returns nothing, where the child must be a
+    /// `Promise<Void>` (assigned, returned, appended), is taken for the promise-returning
+    /// form and fails with "missing return": write `{ value -> Void in ... }`, or `map`.
     @inlinable @discardableResult @_disfavoredOverload
     public func then<U: Sendable>(
         on context: any ExecutionContext = .default,
@@ -103,6 +108,10 @@ extension Promise {
     /// A fulfilled receiver passes its value through without calling `body`. A throw
     /// rejects the child with the thrown error. A cancelled receiver still calls `body`
     /// (for clean-up), but the child stays cancelled.
+    ///
+    /// On a `Promise<Void>`, a body of several statements that returns nothing fits this
+    /// form and the promise-returning one alike, and Swift calls the use ambiguous: write
+    /// `{ error -> Void in ... }`.
     @inlinable @discardableResult
     public func recover(
         on context: any ExecutionContext = .default,

@@ -160,6 +160,32 @@ final class APISpellingTests: XCTestCase {
         XCTAssertTrue(h.parent === failed && i.parent === failed)
     }
 
+    /// The spelling the rules give for a handler of several statements that returns
+    /// nothing where the child must be a `Promise<Void>`: `-> Void` said in the closure.
+    /// (Without it, `then` reads the body as a `flatMap` missing its `return`, and
+    /// `recover` on a `Promise<Void>` is ambiguous: compile errors, not behaviour.)
+    func testSeveralStatementHandlersReturningNothing() throws {
+        let seen = Recorder<String>()
+        let counted: Promise<Void> = Promise(value: 3).then { value -> Void in
+            seen.append("value \(value)")
+            seen.append("counted")
+        }
+        let recovered: Promise<Void> = Promise<Void>(error: TestError(4)).recover { error -> Void in
+            seen.append("error \(error)")
+            seen.append("recovered")
+        }
+        var all: [Promise<Void>] = []
+        all.append(Promise(value: 5).map { value in
+            seen.append("mapped \(value)")
+            seen.append("appended")
+        })
+        try counted.wait(timeout: testTimeout)
+        try recovered.wait(timeout: testTimeout)
+        try all[0].wait(timeout: testTimeout)
+        XCTAssertEqual(Set(seen.values), ["value 3", "counted", "error \(TestError(4))", "recovered",
+                                          "mapped 5", "appended"])
+    }
+
     func testExecutionContexts() throws {
         let p = Promise(value: 1)
         let queue = DispatchQueue(label: "PromiseTests.spelling", attributes: .concurrent)
