@@ -60,3 +60,39 @@ extension Promise {
         }
     }
 }
+
+extension Promise where Value == Void {
+    /// Wraps an API whose completion handler gets nothing: it only says the work is done
+    /// (Google Promises' `wrapCompletion`).
+    ///
+    /// ```swift
+    /// let saved = Promise.wrap { done in store.flush(completion: done) }   // Promise<Void>
+    /// ```
+    ///
+    /// `body` runs synchronously, once; a throw rejects. The first call of the completion
+    /// handler fulfils; later calls are ignored.
+    public static func wrap(
+        _ body: (_ completion: @escaping @Sendable () -> Void) throws -> Void
+    ) -> Promise<Void> {
+        wrap { (done: @escaping @Sendable (Result<Void, any Error>) -> Void) in
+            try body { done(.success(())) }
+        }
+    }
+
+    /// Wraps an API whose completion handler gets an optional error: `nil` fulfils, an
+    /// error rejects (Google Promises' `wrapErrorCompletion`).
+    ///
+    /// ```swift
+    /// let added = Promise.wrap { done in notifications.add(request, withCompletionHandler: done) }
+    /// ```
+    ///
+    /// `body` runs synchronously, once; a throw rejects. Later calls of the completion
+    /// handler are ignored.
+    public static func wrap(
+        _ body: (_ completion: @escaping @Sendable ((any Error)?) -> Void) throws -> Void
+    ) -> Promise<Void> {
+        wrap { (done: @escaping @Sendable (Result<Void, any Error>) -> Void) in
+            try body { error in done(error.map { .failure($0) } ?? .success(())) }
+        }
+    }
+}

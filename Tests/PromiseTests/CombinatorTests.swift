@@ -464,6 +464,32 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), 1)
     }
 
+    /// A completion handler that gets nothing, or only an optional error, makes a
+    /// `Promise<Void>` (the type inferred from the handler's shape); the other shapes keep
+    /// their forms on a `Promise<Void>` too.
+    func testWrapVoidShapes() throws {
+        let calls = Counter()
+        func flush(completion: @escaping @Sendable () -> Void) { calls.increment(); completion(); completion() }
+        func add(completion: @escaping @Sendable ((any Error)?) -> Void) { completion(nil); completion(Failure(code: 1)) }
+        func refuse(completion: @escaping @Sendable ((any Error)?) -> Void) { completion(Failure(code: 2)); completion(nil) }
+        func report(completion: @escaping @Sendable (Result<Void, any Error>) -> Void) { completion(.failure(Failure(code: 3))) }
+        let flushed = Promise.wrap { done in flush(completion: done) }
+        let added = Promise.wrap { done in add(completion: done) }
+        let refused = Promise.wrap { done in refuse(completion: done) }
+        let reported = Promise.wrap { done in report(completion: done) }
+        XCTAssertTrue(type(of: flushed) == Promise<Void>.self && type(of: added) == Promise<Void>.self)
+        XCTAssertNoThrow(try flushed.wait())
+        XCTAssertEqual(calls.value, 1, "the body runs once")
+        XCTAssertNoThrow(try added.wait(), "nil fulfils; the later error is ignored")
+        XCTAssertThrowsError(try refused.wait()) { XCTAssertEqual($0 as? Failure, Failure(code: 2)) }
+        XCTAssertThrowsError(try reported.wait()) { XCTAssertEqual($0 as? Failure, Failure(code: 3)) }
+        struct Unavailable: Error {}
+        let thrown = Promise.wrap { (_: @escaping @Sendable () -> Void) in throw Unavailable() }
+        XCTAssertThrowsError(try thrown.wait()) { XCTAssertTrue($0 is Unavailable) }
+        XCTAssertNoThrow(try Promise<Void>.wrap { done in done() }.wait())
+        XCTAssertNoThrow(try Promise<Void>.wrap { done in done(nil) }.wait())
+    }
+
     /// A cancel of an output reaches its pending inputs however many other aggregates let
     /// go of them before (each counts a give-up on them, and every so many a prune).
     func testACancelReachesAPendingInputWhateverItsGiveUpCount() {
