@@ -314,4 +314,18 @@ extension Promise {
     ) -> Promise<[Value]> where Inputs.Element: Sendable {
         FanOut(inputs, limit: 1, context: context, work: work).run()
     }
+
+    /// `sequence(on:_:_:)` with the context after the inputs, where
+    /// `all(_:maxConcurrent:on:_:)` and `retry` take theirs.
+    ///
+    /// ```swift
+    /// let uploaded = Promise.sequence(files, on: uploads) { file in upload(file) }
+    /// ```
+    public static func sequence<Inputs: Sequence>(
+        _ inputs: Inputs,
+        on context: any ExecutionContext,
+        _ work: @escaping @Sendable (Inputs.Element) throws -> Promise<Value>
+    ) -> Promise<[Value]> where Inputs.Element: Sendable {
+        sequence(on: context, inputs, work)
+    }
 }

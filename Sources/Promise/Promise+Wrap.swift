@@ -21,6 +21,20 @@ extension Promise {
         return promise
     }
 
+    /// Wraps an API that reports a `Result` with a specific error type
+    /// (`Result<Data, NetworkError>`): its error rejects the promise as it is.
+    ///
+    /// ```swift
+    /// let data = Promise.wrap { done in client.fetch(url, completion: done) }
+    /// ```
+    public static func wrap<Failure: Error>(
+        _ body: (_ completion: @escaping @Sendable (Result<Value, Failure>) -> Void) throws -> Void
+    ) -> Promise<Value> {
+        wrap { (done: @escaping @Sendable (Result<Value, any Error>) -> Void) in
+            try body { done($0.mapError { $0 }) }
+        }
+    }
+
     /// Wraps an API whose completion handler gets an optional value and an optional
     /// error (the Objective-C shape). An error wins; neither rejects with
     /// `PromiseWrapError.neitherValueNorError`.

@@ -84,6 +84,19 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         resolve(result)
     }
 
+    /// `init(result:)` for a `Result` with a specific error type
+    /// (`Result<Data, NetworkError>`).
+    ///
+    /// ```swift
+    /// let cached = Promise(result: cache.lookup(key))   // a Result<Data, CacheError>
+    /// ```
+    @inlinable
+    public init<Failure: Error>(result: Result<Value, Failure>, file: StaticString = #fileID, line: UInt = #line) {
+        super.init()
+        noteCreationSite(file: file, line: line)
+        resolve(result)
+    }
+
     /// Runs `body` synchronously, once, handing it the resolver functions; a throw rejects.
     ///
     /// ```swift
@@ -223,6 +236,17 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         }
     }
 
+    /// `resolve(_:)` for a `Result` with a specific error type
+    /// (`Result<Data, NetworkError>`): the error rejects the promise as it is.
+    ///
+    /// ```swift
+    /// client.fetch(url) { (result: Result<Data, NetworkError>) in page.resolve(result) }
+    /// ```
+    @inlinable @discardableResult
+    public final func resolve<Failure: Error>(_ result: Result<Value, Failure>) -> Bool {
+        resolve(result.mapError { $0 as any Error })
+    }
+
     /// Makes this promise follow `other`: it settles as `other` does (fulfilled,
     /// rejected or cancelled). From this call on the promise is locked in: later
     /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works (and
@@ -284,5 +308,21 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
             if tag == UInt(PC_REJECTED) { source.noteErrorSeen() }  // passed on: seen
             failure = source.failure
         }
+    }
+}
+
+extension Promise where Value == Void {
+    /// Fulfils a `Promise<Void>`: `done.fulfill()` for `done.fulfill(())`. Returns false,
+    /// and changes nothing, if it had already been settled (as `fulfill(_:)`).
+    ///
+    /// ```swift
+    /// let flushed = Promise<Void>()
+    /// log.flush { flushed.fulfill() }
+    /// ```
+    ///
+    /// Disfavoured: `done.fulfill` unapplied (a function value) still names `fulfill(_:)`.
+    @inlinable @discardableResult @_disfavoredOverload
+    public final func fulfill() -> Bool {
+        fulfill(())
     }
 }

@@ -272,6 +272,21 @@ final class CombinatorTests: XCTestCase {
         XCTAssertEqual(log.all, [1, 2], "no step after the rejection")
     }
 
+    /// The context may follow the inputs, as for `all(_:maxConcurrent:on:_:)`: the work
+    /// runs on it.
+    func testSequenceTakesItsContextAfterTheInputs() throws {
+        let queue = DispatchQueue(label: "PromiseTests.sequence")
+        let key = DispatchSpecificKey<Int>()
+        queue.setSpecific(key: key, value: 1)
+        let onQueue = Log<Bool>()
+        let result = Promise.sequence([1, 2], on: queue) { value -> Promise<Int> in
+            onQueue.append(DispatchQueue.getSpecific(key: key) == 1)
+            return Promise(value: value * 3)
+        }
+        XCTAssertEqual(try result.wait(timeout: .seconds(10)), [3, 6])
+        XCTAssertEqual(onQueue.all, [true, true])
+    }
+
     func testSequenceOfNothingFulfilsWithEmptyArray() throws {
         XCTAssertEqual(try Promise<Int>.sequence([Int]()) { Promise(value: $0) }.wait(timeout: .seconds(10)), [])
     }
@@ -462,6 +477,17 @@ final class CombinatorTests: XCTestCase {
     func testWrapValueShapeIgnoresLaterCalls() throws {
         func legacy(completion: @escaping (Int) -> Void) { completion(1); completion(2) }
         XCTAssertEqual(try Promise.wrap { done in legacy(completion: done) }.wait(), 1)
+    }
+
+    /// A completion handler of a `Result` with a specific error type.
+    func testWrapTypedResultShape() throws {
+        enum NetworkError: Error, Equatable { case offline }
+        func fetch(completion: @escaping @Sendable (Result<Int, NetworkError>) -> Void) { completion(.success(5)) }
+        func offline(completion: @escaping @Sendable (Result<Int, NetworkError>) -> Void) { completion(.failure(.offline)) }
+        XCTAssertEqual(try Promise.wrap { done in fetch(completion: done) }.wait(), 5)
+        XCTAssertThrowsError(try Promise.wrap { done in offline(completion: done) }.wait()) {
+            XCTAssertEqual($0 as? NetworkError, .offline)
+        }
     }
 
     /// A completion handler that gets nothing, or only an optional error, makes a

@@ -62,6 +62,32 @@ final class ResolverTests: XCTestCase {
         XCTAssertEqual(error(p) as? TestError, TestError(7))
     }
 
+    /// A `Result` with a specific error type settles a promise as one with `any Error`
+    /// does, through `resolve(_:)` and `init(result:)`.
+    func testResultsWithATypedErrorSettle() {
+        enum NetworkError: Error, Equatable { case offline }
+        let typed = Promise<Int>()
+        XCTAssertTrue(typed.resolve(Result<Int, NetworkError>.failure(.offline)))
+        XCTAssertFalse(typed.resolve(Result<Int, NetworkError>.success(1)))
+        XCTAssertEqual(error(typed) as? NetworkError, .offline)
+        XCTAssertEqual(value(Promise(result: Result<String, NetworkError>.success("a"))), "a")
+        XCTAssertEqual(error(Promise(result: Result<String, NetworkError>.failure(.offline))) as? NetworkError, .offline)
+        let untyped = Promise<Int>()
+        XCTAssertTrue(untyped.resolve(.success(2)), "an untyped `.success` still resolves")
+        XCTAssertEqual(value(untyped), 2)
+    }
+
+    /// `fulfill()` on a `Promise<Void>`, as `fulfill(())`.
+    func testFulfillWithoutArgumentOnAVoidPromise() {
+        let done = Promise<Void>()
+        XCTAssertTrue(done.fulfill())
+        XCTAssertFalse(done.fulfill(), "settled once")
+        XCTAssertFalse(done.fulfill(()))
+        XCTAssertTrue(done.isFulfilled)
+        let unapplied = Promise<Void>().fulfill  // still `fulfill(_:)`, as before `fulfill()`
+        XCTAssertTrue(unapplied(()))
+    }
+
     func testCancelledPromiseIgnoresLaterResolvers() {
         let p = Promise<Int>()
         p.cancel(reason: TestError(5))
