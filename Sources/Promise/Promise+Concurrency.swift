@@ -16,6 +16,12 @@ extension Promise {
     /// too: its result would be ignored, and a Task left waiting (on a long-lived promise,
     /// say) would keep the promise and its value for as long as it waits. One locked in to
     /// follow another promise (`resolve(with:)`) keeps its Task until that one settles it.
+    ///
+    /// A closure that does not `await` needs the type spelled:
+    /// `Promise<Int> { compute() }`. Swift may take a trailing closure for the value of
+    /// `init(value:)`, so `Promise { compute() }` fails to compile (asking for
+    /// `@Sendable`), and `Promise { @Sendable in compute() }` is a promise fulfilled with
+    /// the closure. To run such work on a context instead of in a Task, use `init(on:_:)`.
     public convenience init(
         _ work: @escaping @Sendable () async throws -> Value,
         file: StaticString = #fileID,

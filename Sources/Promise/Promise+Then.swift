@@ -62,6 +62,9 @@ extension Promise {
     /// Threading: exactly one of the handlers runs, once, on `context`. If the receiver
     /// is cancelled, `onRejected` runs with the cancellation error and the child stays
     /// cancelled whatever it returns.
+    ///
+    /// Handlers that return promises make a promise of a promise (`Promise<Promise<U>>`),
+    /// unlike the one-handler `then`: add `.flatMap { $0 }` to follow the one returned.
     @inlinable @discardableResult
     public func then<U: Sendable>(
         on context: any ExecutionContext = .default,

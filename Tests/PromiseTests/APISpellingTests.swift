@@ -186,6 +186,18 @@ final class APISpellingTests: XCTestCase {
                                           "mapped 5", "appended"])
     }
 
+    /// The rules' other two spellings: a two-handler `then` whose handlers return promises
+    /// followed by `.flatMap { $0 }`, and the type spelled for a closure that does not
+    /// await.
+    func testTwoHandlerThenFlattenedAndATypedNonAwaitingInitialiser() throws {
+        let nested = Promise(value: 2).then({ v in Promise(value: "ok \(v)") }, { _ in Promise(value: "handled") })
+        let followed: Promise<String> = nested.flatMap { $0 }
+        XCTAssertEqual(try followed.wait(timeout: testTimeout), "ok 2")
+        @Sendable func compute() -> Int { 6 * 7 }
+        let computed = Promise<Int> { compute() }
+        XCTAssertEqual(try computed.wait(timeout: testTimeout), 42)
+    }
+
     func testExecutionContexts() throws {
         let p = Promise(value: 1)
         let queue = DispatchQueue(label: "PromiseTests.spelling", attributes: .concurrent)
