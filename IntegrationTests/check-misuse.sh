@@ -26,3 +26,7 @@ expect_rejected() {
 # The dependency alone must build, so that a failure above is the misuse's.
 "$swift" build --target Promise >/dev/null
 expect_rejected wait-in-async "is unavailable from asynchronous contexts"
+expect_rejected void-then-several-statements "missing return in closure expected to return 'Promise<Void>'"
+expect_rejected void-recover-several-statements "ambiguous use of 'recover"
+expect_rejected recover-returning-nothing "failed to produce diagnostic for expression"
+expect_rejected non-awaiting-closure-untyped "does not conform to the 'Sendable' protocol"

@@ -11,7 +11,8 @@
 #                     with no trait, linked statically: no Foundation module in it, and
 #                     its size beside a Dispatch-only program (gated: SERVER_SIZE_LIMIT_KB);
 #                     and Misuse (check-misuse.sh): code the compiler must reject, such as
-#                     wait() from async code
+#                     wait() from async code, and the closures the rules say Swift reads
+#                     otherwise than they say
 #   make api-check    compares the public symbols of Promise and PromiseNIO with
 #                     Scripts/public-api.txt and Scripts/public-api-PromiseNIO.txt
 #   make api-update   rewrites both lists after an intended API change

@@ -6,6 +6,10 @@
 //
 //   wait-in-async  `wait()` from async code: it would block a thread of Swift
 //                  concurrency's pool, so it is `noasync` (as SwiftNIO's `wait()`)
+//   void-then-several-statements, void-recover-several-statements,
+//   recover-returning-nothing, non-awaiting-closure-untyped
+//                  closures Swift reads otherwise than they say (the rules' list of
+//                  them: a change of compiler that accepts one shows here)
 import PackageDescription
 
 let package = Package(
@@ -17,6 +21,22 @@ let package = Package(
     targets: [
         .executableTarget(
             name: "wait-in-async",
+            dependencies: [.product(name: "Promise", package: "Promise")]
+        ),
+        .executableTarget(
+            name: "void-then-several-statements",
+            dependencies: [.product(name: "Promise", package: "Promise")]
+        ),
+        .executableTarget(
+            name: "void-recover-several-statements",
+            dependencies: [.product(name: "Promise", package: "Promise")]
+        ),
+        .executableTarget(
+            name: "recover-returning-nothing",
+            dependencies: [.product(name: "Promise", package: "Promise")]
+        ),
+        .executableTarget(
+            name: "non-awaiting-closure-untyped",
             dependencies: [.product(name: "Promise", package: "Promise")]
         ),
     ],

@@ -114,7 +114,10 @@ extension Promise {
     ///
     /// On a `Promise<Void>`, a body of several statements that returns nothing fits this
     /// form and the promise-returning one alike, and Swift calls the use ambiguous: write
-    /// `{ error -> Void in ... }`.
+    /// `{ error -> Void in ... }`. On any other promise, a body that returns nothing (a
+    /// log line, meant as `catch`) is a type error that Swift 6.3 reports only as "failed
+    /// to produce diagnostic for expression": to observe an error and pass it on, use
+    /// `catch`; to handle it, return a value.
     @inlinable @discardableResult
     public func recover(
         on context: any ExecutionContext = .default,
