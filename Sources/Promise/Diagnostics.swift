@@ -79,8 +79,10 @@ public struct PromiseDiagnostic: Sendable, CustomStringConvertible {
         /// the event's sentence says so; that rejection is not reported again as unhandled.
         case brokenPromise
         /// A rejected promise was freed before any observer saw its error (no `catch`,
-        /// `recover`, `whenComplete`, `await`, `wait`, child or combinator read it): the
-        /// error, which would otherwise vanish. A cancelled promise is never reported.
+        /// `recover`, `whenComplete`, `await`, `wait`, child or combinator read it, nor
+        /// stopped waiting for it first: a child cancelled or settled by its holder, a
+        /// `timeout` child that timed out): the error, which would otherwise vanish. A
+        /// cancelled promise is never reported.
         ///
         /// ```swift
         /// do { _ = Promise<Int>(error: BackendError.unavailable) }   // reported, with the error

@@ -283,7 +283,15 @@ extension AnyPromise {
         let hold = takeParkedSettledParent()
         guard !hold.isEmpty else { return }
         continuation = nil
+        hold.parent._withUnsafeGuaranteedRef { $0.noteErrorSeenByChildSettledFirst() }
         hold.end()  // may free the parent, and iteratively the chain above it
+    }
+
+    /// A child fired with this promise's error but settled otherwise before its handler
+    /// read it counts as having read it, as one that settled before the error came does
+    /// (`observerGaveUp`): no unhandled rejection either way.
+    final func noteErrorSeenByChildSettledFirst() {
+        if publishedTag == UInt(PC_REJECTED) { noteErrorSeen() }
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first
@@ -298,13 +306,16 @@ extension AnyPromise {
         let claimed = claimHint
         if parentCancelled || claimed == UInt(PC_CLAIM_FREE) {
             handler.run(parent, self)  // a claim it loses to a lock-in: `lostClaimToHandler`
-        } else if claimed == UInt(PC_CLAIM_FOLLOWING) {
-            stayInFlight(parent: parent)  // locked in before: released unrun
-        } else if claimed != UInt(PC_CANCELLED) {
-            // Settled by its holder first (`handler` is released unrun): its descendants may
-            // be linking up on another thread while the ancestors above are cancelled and let
-            // go, so it is linked now, with its parent held here (see `linkIntoParentChain`).
-            linkIntoParentChain(parent: parent)
+        } else {
+            parent.noteErrorSeenByChildSettledFirst()  // `handler` is released unrun
+            if claimed == UInt(PC_CLAIM_FOLLOWING) {
+                stayInFlight(parent: parent)  // locked in before
+            } else if claimed != UInt(PC_CANCELLED) {
+                // Settled by its holder first: its descendants may be linking up on another
+                // thread while the ancestors above are cancelled and let go, so it is linked
+                // now, with its parent held here (see `linkIntoParentChain`).
+                linkIntoParentChain(parent: parent)
+            }
         }
     }
 }

@@ -377,8 +377,15 @@ extension AnyPromise {
     /// was the one to trigger it (a cancel, or a combinator settling), which may be that
     /// of an unrelated sibling. The handler of a child cancelled or settled early, and its
     /// captures, go there, not on the child's context.
+    ///
+    /// An observer that gave up counts as having read this promise's error, should it
+    /// come (a child cancelled at a server's teardown, a `delay` its holder settled, a
+    /// follower cancelled), as a combinator does its inputs' and a `timeout` child its
+    /// receiver's: its holder chose not to wait for the outcome, so an error that follows
+    /// is no unhandled rejection.
     final func observerGaveUp() {
         guard isPending else { return }
+        noteErrorSeen()
         let rare = rareState
         guard rare.countGaveUp(), let kept = pruneObserversThatGaveUp() else { return }
         rare.prunedKeeping(kept)

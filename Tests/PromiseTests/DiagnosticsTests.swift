@@ -221,6 +221,34 @@ final class DiagnosticsTests: XCTestCase {
         for id in 41...45 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
     }
 
+    /// A child settled or cancelled before its handler read the parent's error counts as
+    /// reading it, as a `timeout` child and a combinator do: a reply cancelled at teardown,
+    /// or a `delay` its holder settled, leaves no unhandled rejection behind. A child
+    /// fired with the error whose handler, queued on its context, was then cancelled too.
+    func testAChildSettledOrCancelledBeforeItsHandlerReadTheErrorCountsAsReadingIt() {
+        do { let a = Promise<Int>(); a.then(on: .immediate) { $0 }.fulfill(0); a.reject(Marker(id: 80)) }
+        do { let a = Promise<Int>(); a.recover(on: .immediate) { _ in 0 }.cancel(); a.reject(Marker(id: 81)) }
+        do { let a = Promise<Int>(); a.delay(.seconds(30)).cancel(); a.reject(Marker(id: 82)) }
+        do { let a = Promise<Int>(); a.delay(.seconds(30)).fulfill(0); a.reject(Marker(id: 83)) }
+        do { let a = Promise<Int>(); a.then { $0 }.cancel(); a.reject(Marker(id: 84)) }
+        for (id, holds) in [(85, false), (86, true)] {  // fired with the error, then cancelled
+            let queue = DispatchQueue(label: "PromiseTests.diagnostics.held")
+            let gate = DispatchSemaphore(value: 0)
+            queue.async { gate.wait() }
+            do {
+                let a = Promise<Int>()
+                let child = holds ? a.recover(on: queue) { _ in 0 } : a.then(on: queue) { $0 }
+                a.reject(Marker(id: id))
+                child.cancel()
+            }
+            gate.signal()
+            queue.sync {}
+        }
+        for id in 80...86 { XCTAssertEqual(unhandled(id).count, 0, "marker \(id): \(events.values)") }
+        do { let a = Promise<Int>(); a.reject(Marker(id: 87)) }  // nobody observed it: reported
+        XCTAssertEqual(unhandled(87).count, 1, "\(events.values)")
+    }
+
     func testAThenChildNobodyObservesIsReportedAndItsParentIsNot() {
         do {
             let parent = Promise<Int>()
