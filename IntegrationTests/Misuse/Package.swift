@@ -12,6 +12,8 @@
 //                  them: a change of compiler that accepts one shows here)
 import PackageDescription
 
+let promise: Target.Dependency = .product(name: "Promise", package: "Promise")
+
 let package = Package(
     name: "PromiseMisuse",
     platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9)],
@@ -19,26 +21,11 @@ let package = Package(
         .package(name: "Promise", path: "../.."),
     ],
     targets: [
-        .executableTarget(
-            name: "wait-in-async",
-            dependencies: [.product(name: "Promise", package: "Promise")]
-        ),
-        .executableTarget(
-            name: "void-then-several-statements",
-            dependencies: [.product(name: "Promise", package: "Promise")]
-        ),
-        .executableTarget(
-            name: "void-recover-several-statements",
-            dependencies: [.product(name: "Promise", package: "Promise")]
-        ),
-        .executableTarget(
-            name: "recover-returning-nothing",
-            dependencies: [.product(name: "Promise", package: "Promise")]
-        ),
-        .executableTarget(
-            name: "non-awaiting-closure-untyped",
-            dependencies: [.product(name: "Promise", package: "Promise")]
-        ),
-    ],
+        "wait-in-async",
+        "void-then-several-statements",
+        "void-recover-several-statements",
+        "recover-returning-nothing",
+        "non-awaiting-closure-untyped",
+    ].map { .executableTarget(name: $0, dependencies: [promise]) },
     swiftLanguageModes: [.v6]
 )
