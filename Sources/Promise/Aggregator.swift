@@ -368,7 +368,7 @@ func aggregatorSlotFire(_ node: UnsafeMutablePointer<pc_node>, _ source: UnsafeM
     // A combinator counts as reading its inputs' errors, whether its policy reads this one
     // (`all`'s first) or not (`any` counting a rejection down, a slot of a retired
     // aggregate): none is reported as an unhandled rejection.
-    if input.publishedTag == UInt(PC_REJECTED) { input.noteErrorSeen() }
+    input.noteErrorSeenIfRejected()
     SlotRuns.begin()
     owner.takeUnretainedValue().slotFired(slot, source: input)
     SlotRuns.end()

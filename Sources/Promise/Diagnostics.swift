@@ -215,6 +215,12 @@ extension AnyPromise {
         if treeFlags & TreeFlag.errorSeen == 0 { _ = setTreeFlag(TreeFlag.errorSeen) }
     }
 
+    /// `noteErrorSeen` if this promise has rejected (the outcome is read, or let go of
+    /// unread by an observer that stopped waiting, which counts the same).
+    final func noteErrorSeenIfRejected() {
+        if publishedTag == UInt(PC_REJECTED) { noteErrorSeen() }
+    }
+
     /// Whether an observer read this promise's error (see `noteErrorSeen`).
     final var errorWasSeen: Bool { treeFlags & TreeFlag.errorSeen != 0 }
 

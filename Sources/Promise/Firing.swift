@@ -283,15 +283,10 @@ extension AnyPromise {
         let hold = takeParkedSettledParent()
         guard !hold.isEmpty else { return }
         continuation = nil
-        hold.parent._withUnsafeGuaranteedRef { $0.noteErrorSeenByChildSettledFirst() }
+        // Fired with the parent's error, settled otherwise before reading it: counts as
+        // having read it, as a child that gave up before the error came does.
+        hold.parent._withUnsafeGuaranteedRef { $0.noteErrorSeenIfRejected() }
         hold.end()  // may free the parent, and iteratively the chain above it
-    }
-
-    /// A child fired with this promise's error but settled otherwise before its handler
-    /// read it counts as having read it, as one that settled before the error came does
-    /// (`observerGaveUp`): no unhandled rejection either way.
-    final func noteErrorSeenByChildSettledFirst() {
-        if publishedTag == UInt(PC_REJECTED) { noteErrorSeen() }
     }
 
     /// Runs the continuation once, unless this promise was settled by someone else first
@@ -307,7 +302,7 @@ extension AnyPromise {
         if parentCancelled || claimed == UInt(PC_CLAIM_FREE) {
             handler.run(parent, self)  // a claim it loses to a lock-in: `lostClaimToHandler`
         } else {
-            parent.noteErrorSeenByChildSettledFirst()  // `handler` is released unrun
+            parent.noteErrorSeenIfRejected()  // `handler` is released unrun: as read
             if claimed == UInt(PC_CLAIM_FOLLOWING) {
                 stayInFlight(parent: parent)  // locked in before
             } else if claimed != UInt(PC_CANCELLED) {

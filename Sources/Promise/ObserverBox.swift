@@ -370,7 +370,7 @@ final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         // run counts as reading its step's error all the same, as a combinator does.
         guard !gaveUp else {
             body = nil
-            if source.publishedTag == UInt(PC_REJECTED) { source.noteErrorSeen() }
+            source.noteErrorSeenIfRejected()
             return
         }
         let result = unsafeDowncast(source, to: Promise<Value>.self).publishedResult

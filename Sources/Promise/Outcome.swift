@@ -70,7 +70,7 @@ extension AnyPromise {
     /// in the inlined success paths around them.
     @usableFromInline @inline(never)
     final func seenFailureOrCancellation() -> any Error {
-        if publishedTag == UInt(PC_REJECTED) { noteErrorSeen() }
+        noteErrorSeenIfRejected()
         return failure ?? CancellationError()
     }
 

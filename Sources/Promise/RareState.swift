@@ -97,7 +97,7 @@ final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     /// settled by hand inside the handler that rejected the receiver, before this came):
     /// a `timeout` child counts as reading it, as a combinator counts for its inputs.
     override func deliver(from source: AnyPromise) {
-        if source.publishedTag == UInt(PC_REJECTED) { source.noteErrorSeen() }
+        source.noteErrorSeenIfRejected()
         child.adoptOutcome(of: source, lookingAbove: child.parentAddress == UnsafeMutableRawPointer(Unmanaged.passUnretained(source).toOpaque()) ? source : nil)
     }
 }
