@@ -162,13 +162,16 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// Settles this promise, if still free, as `source` (of the same `Value`, or the
     /// broken stand-in of a promise that died pending) settled; when `parent` is given (the
     /// source is this promise's parent), a cancel that reached it or an ancestor first
-    /// wins, as for a handler's child (`cancelReasonFromAncestors`).
-    final func adoptOutcome(of source: AnyPromise, lookingAbove parent: AnyPromise?) {
+    /// wins, as for a handler's child (`cancelReasonFromAncestors`). False if it was not
+    /// free: settled, or locked in to follow another promise (`resolve(with:)`).
+    @discardableResult
+    final func adoptOutcome(of source: AnyPromise, lookingAbove parent: AnyPromise?) -> Bool {
         let tag = source.publishedTag
-        guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return }
+        guard claim(from: PC_CLAIM_FREE, to: UInt32(tag)) else { return false }
         fillClaimedOutcome(tag, copying: source, lookingAbove: parent)
         publishClaimedOutcome()
         passOnClaimedCancel()
+        return true
     }
 
     // MARK: Resolver side

@@ -96,9 +96,17 @@ final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     /// The child reads the receiver's error even if it settled first (timed out, say, or
     /// settled by hand inside the handler that rejected the receiver, before this came):
     /// a `timeout` child counts as reading it, as a combinator counts for its inputs.
+    ///
+    /// A child locked in by `resolve(with:)` before the receiver settled stays pending
+    /// below it, as a handler's child locked in does (`runContinuation`): it enters flight,
+    /// so that a cancel of the receiver or above, then or later, reaches it, and takes a
+    /// cancel that reached them already (the receiver's own, too).
     override func deliver(from source: AnyPromise) {
         source.noteErrorSeenIfRejected()
-        child.adoptOutcome(of: source, lookingAbove: child.parentAddress == UnsafeMutableRawPointer(Unmanaged.passUnretained(source).toOpaque()) ? source : nil)
+        let fromParent = child.parentAddress == UnsafeMutableRawPointer(Unmanaged.passUnretained(source).toOpaque())
+        guard !child.adoptOutcome(of: source, lookingAbove: fromParent ? source : nil),
+              fromParent, child.claimHint == UInt(PC_CLAIM_FOLLOWING) else { return }
+        child.stayInFlight(parent: source)
     }
 }
 

@@ -1028,6 +1028,37 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertThrowsError(try child.wait(timeout: .seconds(10))) { XCTAssertEqual($0 as? Reason, Reason(tag: 10)) }
     }
 
+    /// A `timeout` child locked in by `resolve(with:)` while its receiver was pending is
+    /// reached by a cancel of the receiver, of a root above it, and of the receiver once
+    /// it settled, and so are its descendants and `onCancel` handlers, while the promise
+    /// it follows stays pending (it takes the receiver's outcome through the receiver's
+    /// waiter list, not its observer stack).
+    func testCancelReachesATimeoutChildLockedInByResolveWith() {
+        enum Shape: CaseIterable { case receiverCancelled, rootAboveCancelled, settledThenCancelled }
+        for shape in Shape.allCases {
+            let root = Promise<Int>()
+            let receiver = shape == .rootAboveCancelled ? root.then(on: .immediate) { $0 } : root
+            let child = receiver.timeout(.seconds(100))
+            let ranOnCancel = Flag()
+            child.onCancel { ranOnCancel.set() }
+            let below = child.then(on: .immediate) { $0 }
+            let followed = Promise<Int>()
+            child.resolve(with: followed)
+            if shape == .settledThenCancelled {
+                root.fulfill(1)
+                XCTAssertTrue(child.isPending, "\(shape): still following")
+            }
+            root.cancel(reason: Reason(tag: 11))
+            XCTAssertTrue(child.isCancelled, "\(shape): on the cancelling thread, before cancel returns")
+            XCTAssertThrowsError(try child.wait(timeout: .seconds(10)), "\(shape)") { XCTAssertEqual($0 as? Reason, Reason(tag: 11), "\(shape)") }
+            XCTAssertTrue(below.isCancelled, "\(shape)")
+            XCTAssertTrue(ranOnCancel.isSet, "\(shape)")
+            XCTAssertTrue(followed.isPending, "\(shape): resolve(with:) does not own its argument")
+            followed.fulfill(2)
+            XCTAssertTrue(child.isCancelled, "\(shape)")
+        }
+    }
+
     /// Waiters wake from the settling call itself, not after the settler's cascade: a
     /// thread blocked in `wait` is released while an `.immediate` handler of the same
     /// promise still runs.
