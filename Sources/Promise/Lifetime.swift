@@ -92,12 +92,17 @@ extension AnyPromise {
     /// flag before this second snapshot holds a reference the snapshot sees, so the
     /// decision it waits for keeps the value, and it answers the promise.
     ///
-    /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
-    /// two loads of the count word, two read-modify-writes of the tree flags and a fence,
-    /// once per step whose value needs freeing.
+    /// A rejected step's error goes the same way (a chain of `then` and `recover` that
+    /// throws and recovers at every step keeps one error at a time, not one per step). A
+    /// cancelled step keeps its reason: a descendant looking up through it reads it
+    /// (`cancelReasonForDescendants`), and every step below shares it anyway.
+    ///
+    /// Cost: two loads and a branch for a value with nothing to free (an `Int`);
+    /// otherwise two loads of the count word, two read-modify-writes of the tree flags and
+    /// a fence, once per step whose value or error needs freeing.
     @inline(__always)
     private final func freeValueIfOnlyTheCascadeKeepsIt() {
-        guard storedValueNeedsDestroy else { return }
+        guard storedValueNeedsDestroy || claimHint == UInt(PC_REJECTED) else { return }
         retireIfOnlyTheCascadeKeepsIt()
     }
 
@@ -114,7 +119,7 @@ extension AnyPromise {
             return updateTreeFlags(clearing: TreeFlag.retiring, setting: 0)
         }
         updateTreeFlags(clearing: TreeFlag.retiring, setting: TreeFlag.retired)
-        freeStoredValueEarly()
+        if claimHint == UInt(PC_REJECTED) { freeFailureEarly() } else { freeStoredValueEarly() }
     }
 
     /// The parent, unless it is gone or its value was freed early

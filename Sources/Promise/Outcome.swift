@@ -51,6 +51,14 @@ extension AnyPromise {
         failureSlot.deinitialize(count: 1)
     }
 
+    /// Releases a rejection's error now, for a promise that nobody can read any more
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`), reporting it first if no observer read it,
+    /// as its deinit would have (nothing can read it later); the deinit then finds nil.
+    final func freeFailureEarly() {
+        reportIfUnseen()
+        failure = nil
+    }
+
     /// A rejected promise's death: an unhandled rejection if no observer read its error.
     /// Out of line, so that the deinit of every other promise stays as it was.
     @inline(never)
