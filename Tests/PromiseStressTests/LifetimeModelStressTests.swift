@@ -9,9 +9,10 @@
 //   - a root settled inside an outer scope, racing its cancel and drop, with a `timeout`
 //     child (of the root, or of a step below it) whose inline child runs in the cascade:
 //     a child whose handler saw the cancel return ends cancelled with that reason;
-//   - `resolve(with:)` locking an `.immediate` child in to a promise nobody settles yet,
-//     while the root fulfils: the child ends fulfilled by its own handler (it ran first)
-//     or cancelled with the canceller's reason, never with the followed promise's value;
+//   - `resolve(with:)` locking an `.immediate` or a `timeout` child in to a promise nobody
+//     settles yet, while the root fulfils: the child ends fulfilled with the root's value
+//     (taken first) or cancelled with the canceller's reason, never pending once the
+//     cancel returned, nor with the followed promise's value;
 //   - waiters giving up (a `wait(timeout:)`, a `timeout` child whose timer fires) racing the
 //     settle they wait for: each gets the value or its time-out, never both or neither,
 //     and a timeout child that nobody holds is freed;
@@ -305,20 +306,30 @@ final class LifetimeModelStressTests: XCTestCase {
     }
 
     func testCancelReachesAChildLockedInByResolveWithWhileTheRootSettles() {
+        raceCancelAgainstLockIn("an .immediate child") { $0.then(on: .immediate) { $0 } }
+    }
+
+    /// The same for a `timeout` child, which takes its receiver's outcome through the
+    /// receiver's waiter list rather than its observer stack.
+    func testCancelReachesATimeoutChildLockedInByResolveWithWhileTheRootSettles() {
+        raceCancelAgainstLockIn("a timeout child") { $0.timeout(.seconds(100)) }
+    }
+
+    private func raceCancelAgainstLockIn(_ kind: String, makeChild: (Promise<Int>) -> Promise<Int>) {
         let crew = Crew(size: 3)
         defer { crew.stop() }
-        var handlerWon = 0, cancelled = 0
+        var settledFirst = 0, cancelled = 0
 
-        runStressRounds("cancel racing resolve(with:) on an .immediate child and the root's fulfil", invariants: [
-            "the child ends fulfilled by its own handler or cancelled with the canceller's reason",
+        runStressRounds("cancel racing resolve(with:) on \(kind) and the root's fulfil", invariants: [
+            "the child ends fulfilled with the root's value (taken before the lock-in) or cancelled with the canceller's reason",
             "it never takes the value of a promise it followed after the cancel",
         ], details: {
-            "\(handlerWon) handlers first, \(cancelled) cancelled"
+            "\(settledFirst) settled from the root first, \(cancelled) cancelled"
         }) { checker in
             let round = checker.round
             let root = Promise<Int>()
             let followed = Promise<Int>()
-            let child = root.then(on: .immediate) { $0 }
+            let child = makeChild(root)
 
             let finished = crew.play { seat in
                 var random = StressRandom(round: round, seat: seat)
@@ -331,11 +342,12 @@ final class LifetimeModelStressTests: XCTestCase {
                 }
             }
             checker.check(finished, "round hung")
+            checker.check(!child.isPending, "the child ended pending after the cancel returned")
             followed.fulfill(2)
             switch Result(catching: { try child.wait(timeout: .seconds(20)) }) {
             case .success(let value):
-                checker.check(value == 1, "the child took \(value), not its handler's 1")
-                handlerWon += 1
+                checker.check(value == 1, "the child took \(value), not the root's 1")
+                settledFirst += 1
             case .failure(let error):
                 checker.check(error as? Reason == Reason(round: round), "the child failed with \(error)")
                 checker.check(child.isCancelled, "the child ended \(child.state)")
