@@ -103,8 +103,10 @@ extension Promise {
     /// Zalgo); a cancellation flows down at once, on the cancelling thread, as it does
     /// everywhere. Cheaper than `then(on: .eventLoop(loop))` when nothing is transformed:
     /// the empty closure it stores needs no allocation. The loop must outlive the hop: a
-    /// loop that has shut down drops it, and the child rejects with
-    /// `PromiseError.brokenPromise` (see ``EventLoopContext``).
+    /// loop that has shut down drops it, and the child rejects, off the loop: with
+    /// `PromiseError.brokenPromise` if the receiver fulfilled (the value would have
+    /// reached the loop), with the receiver's error if it rejected (a dropped handler that
+    /// would only have passed an error on passes it; see ``EventLoopContext``).
     public func hop(to eventLoop: any EventLoop) -> Promise<Value> {
         passOn(on: EventLoopContext(eventLoop))
     }

@@ -21,7 +21,9 @@ import Promise
 /// Shut the loop down only once the promises whose handlers it runs have settled and
 /// their handlers have run: a loop that is shut down drops work handed to it (NIO logs
 /// it, or stops the program in its strict mode), and a child whose handler is dropped
-/// rejects with `PromiseError.brokenPromise` instead of waiting for ever.
+/// rejects with `PromiseError.brokenPromise` instead of waiting for ever (or, if the
+/// handler would only have passed its parent's outcome on, a `then` on a rejected
+/// parent, say, takes that outcome).
 /// Handlers registered on one promise with one loop run in registration order, as NIO
 /// runs a loop's tasks in the order they were enqueued. For work that must run on the
 /// loop but is short and already there, `.immediate` saves the hop: a promise settled on

@@ -216,7 +216,9 @@ final class PromiseNIOTests: XCTestCase {
     }
 
     /// A loop that has shut down drops the work handed to it (NIO prints an error): a hop
-    /// or a handler on it rejects with `brokenPromise` instead of staying pending.
+    /// or a handler on it rejects with `brokenPromise` instead of staying pending; a hop
+    /// or a value handler of a rejected promise, which would only have passed the error
+    /// on, rejects with that error.
     func testAHopToALoopThatShutDownBreaks() throws {
         let stopped = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let loop = stopped.next()
@@ -229,6 +231,11 @@ final class PromiseNIOTests: XCTestCase {
                     return XCTFail("\(error) instead of brokenPromise")
                 }
             }
+        }
+        let hoppedError = Promise<Int>(error: Boom()).hop(to: loop)
+        let passedError = Promise<Int>(error: Boom()).then(on: .eventLoop(loop)) { $0 + 1 }
+        for promise in [hoppedError, passedError] {
+            XCTAssertThrowsError(try promise.wait(timeout: .seconds(5))) { XCTAssertEqual($0 as? Boom, Boom()) }
         }
     }
 
