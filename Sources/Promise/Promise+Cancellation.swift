@@ -14,8 +14,9 @@ extension AnyPromise {
     /// Cancellation reaches the work a promise owns, while it is pending: its `onCancel`
     /// handlers, the Task of `Promise { try await ... }`, the promise a handler returned
     /// that the child follows, the pending inputs of a combinator's output, the step in
-    /// flight of `sequence` and `retry`, and the timer of `after` and `delay`. Owned work
-    /// whose outcome was decided first is left alone, its handlers included. A promise
+    /// flight of `sequence` and `retry`, the work in flight of `all(_:maxConcurrent:)`,
+    /// and the timer of `after`, `delay` and `timeout`. Owned work whose outcome was
+    /// decided first is left alone, its handlers included. A promise
     /// another thread is settling at that instant may still be handing out its children:
     /// those it has not reached yet take the cancel on that thread, before their handlers
     /// run.
