@@ -22,9 +22,9 @@ function request()
 end
 
 local function expected(id)
-  local price = (id * 7) % 100 + 1
+  local price = (id % 100) * 7 % 100 + 1
   local stock = 0
-  for shard = 0, 2 do stock = stock + (id + shard) % 4 end
+  for shard = 0, 2 do stock = stock + (id % 4 + shard) % 4 end
   return string.format("id=%d user=user-%d price=%d stock=%d total=%d\n", id, id, price, stock, price * stock)
 end
 

@@ -4,12 +4,18 @@ import NIOHTTP1
 
 /// The made-up catalogue the lookups read. Deterministic, so that the load test can
 /// check every response body (Examples/LoadTest/orders.lua recomputes these).
+///
+/// Every id from 0 to `Int.max` is an order, so the arithmetic reduces the id first and
+/// cannot overflow: `id * 7 % 100 + 1` and `(id + shard) % 4` as written, and equal to
+/// them wherever those fit in an `Int`. (`id + shard` trapped for the largest ids, which
+/// took the whole server down, and a wrapping `id &* 7` made some prices negative.)
+/// Prices are 1...100 and stocks 0...9, so a reply's total cannot overflow either.
 enum Catalog {
     static let stockShards = 3
 
     static func userName(_ id: Int) -> String { "user-\(id)" }
-    static func price(_ id: Int) -> Int { (id &* 7) % 100 + 1 }
-    static func stock(_ id: Int, shard: Int) -> Int { (id + shard) % 4 }
+    static func price(_ id: Int) -> Int { id % 100 * 7 % 100 + 1 }
+    static func stock(_ id: Int, shard: Int) -> Int { (id % 4 + shard) % 4 }
 }
 
 /// What the channel handler writes back.

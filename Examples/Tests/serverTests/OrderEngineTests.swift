@@ -11,10 +11,12 @@ import XCTest
 @testable import server
 
 final class OrderEngineTests: XCTestCase {
-    /// Targets of every route: orders at the edges of the catalogue, /health, unknown
-    /// paths and bad ids.
+    /// Targets of every route: orders at the edges of the catalogue (up to the largest
+    /// ids, whose arithmetic must not overflow), /health, unknown paths and bad ids.
     static let uris = [
         "/order/0", "/order/1", "/order/7", "/order/42", "/order/999999",
+        "/order/\(Int.max / 7)", "/order/\(Int.max / 7 + 1)", "/order/\(Int.max - 2)",
+        "/order/\(Int.max - 1)", "/order/\(Int.max)", "/order/\(Int.max)0",
         "/health", "/", "/nope", "/order", "/order/", "/order/x", "/order/-1", "/order/12abc",
     ]
 
@@ -35,6 +37,29 @@ final class OrderEngineTests: XCTestCase {
         }
         // The expectation's arithmetic, checked once by hand.
         XCTAssertEqual(Self.expected("/order/42").body, "id=42 user=user-42 price=95 stock=5 total=475\n")
+    }
+
+    /// The two largest ids, once crashing the server, answered rightly by both engines.
+    /// Worked by hand from the ids' last digits: Int.max = 9223372036854775807 is 7 mod
+    /// 100 (price 7 * 7 + 1 = 50) and 3 mod 4 (stock 3 + 0 + 1 = 4); Int.max - 1 is 6 mod
+    /// 100 (price 43) and 2 mod 4 (stock 2 + 3 + 0 = 5).
+    func testBothEnginesAnswerTheLargestIds() throws {
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let backend = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        defer { shutDown(backend, loops) }
+        let loop = loops.next()
+        let promise = OrderService(backend: backend, deadline: .seconds(60))
+        let nio = FutureOrderService(backend: backend, deadline: .seconds(60))
+        let expected = [
+            Int.max: "id=9223372036854775807 user=user-9223372036854775807 price=50 stock=4 total=200\n",
+            Int.max - 1: "id=9223372036854775806 user=user-9223372036854775806 price=43 stock=5 total=215\n",
+        ]
+
+        for (id, body) in expected {
+            let uri = "/order/\(id)"
+            XCTAssertEqual(try ask(promise, uri, on: loop).reply, Reply(status: .ok, body: body), uri)
+            XCTAssertEqual(try ask(nio, uri, on: loop).reply, Reply(status: .ok, body: body), uri)
+        }
     }
 
     /// The backend's only loop is held busy until both replies are in, so no lookup can
@@ -94,8 +119,9 @@ final class OrderEngineTests: XCTestCase {
             guard let id = Int(uri.dropFirst("/order/".count)), id >= 0 else {
                 return Reply(status: .badRequest, body: "bad order id\n")
             }
-            let price = id * 7 % 100 + 1
-            let stock = (0..<3).map { (id + $0) % 4 }.reduce(0, +)
+            // id * 7 % 100 + 1 and (id + shard) % 4, reduced first so that no id overflows.
+            let price = id % 100 * 7 % 100 + 1
+            let stock = (0..<3).map { (id % 4 + $0) % 4 }.reduce(0, +)
             return Reply(status: .ok, body: "id=\(id) user=user-\(id) price=\(price) stock=\(stock) total=\(price * stock)\n")
         }
     }
