@@ -12,56 +12,18 @@
 //   swift run -c release server --port 8080
 //   curl http://127.0.0.1:8080/order/42
 //
-// Options: --port N (0 picks a free port; default 8080), --port-file PATH (writes the
-// bound port there once listening), --threads N (event loops for connections and for the
-// backend each; default: the number of cores), --deadline-ms N (per order; default 1000),
-// --engine promise|nio (OrderService or FutureOrderService; default promise).
+// Options (Options.swift checks each value, and rejects one out of range with a sentence
+// that says what is allowed): --port N (0 to 65535; 0 picks a free port; default 8080),
+// --port-file PATH (writes the bound port there once listening), --threads N (1 to 1024
+// event loops for connections and as many for the backend; default: the number of cores),
+// --deadline-ms N (per order, 1 to 3600000; default 1000), --engine promise|nio
+// (OrderService or FutureOrderService; default promise).
 // SIGTERM or SIGINT stops it and prints how many requests it answered.
 import Dispatch
 import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-
-/// Which order service answers: the two differ only there (`make server-compare`).
-enum Engine: String {
-    case promise, nio
-}
-
-struct Options {
-    var engine = Engine.promise
-    var port = 8080
-    var portFile: String?
-    var threads = System.coreCount
-    var deadlineMilliseconds = 1000
-
-    init(_ arguments: [String]) throws {
-        var rest = arguments.dropFirst()
-        while let flag = rest.popFirst() {
-            guard let value = rest.popFirst() else { throw UsageError("\(flag) needs a value") }
-            switch flag {
-            case "--port": port = try Self.number(value, for: flag)
-            case "--port-file": portFile = value
-            case "--threads": threads = max(1, try Self.number(value, for: flag))
-            case "--deadline-ms": deadlineMilliseconds = try Self.number(value, for: flag)
-            case "--engine":
-                guard let engine = Engine(rawValue: value) else { throw UsageError("--engine: promise or nio, not \(value)") }
-                self.engine = engine
-            default: throw UsageError("unknown option \(flag)")
-            }
-        }
-    }
-
-    private static func number(_ text: String, for flag: String) throws -> Int {
-        guard let value = Int(text), value >= 0 else { throw UsageError("\(flag): not a number: \(text)") }
-        return value
-    }
-}
-
-struct UsageError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}
 
 /// Prints a line and flushes it at once (stdout is a file under `make server-load`).
 func say(_ line: String) {
