@@ -43,6 +43,7 @@ let package = Package(
                 "server",
                 .product(name: "Promise", package: "Promise"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),

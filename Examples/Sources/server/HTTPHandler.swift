@@ -73,6 +73,16 @@ final class HTTPHandler<Engine: OrderEngine>: ChannelInboundHandler {
         }
     }
 
+    /// Closes the connection on any error that reaches the end of the pipeline. Most are
+    /// NIO's HTTP parser's: a request it cannot read (a garbage request line, a header too
+    /// long, a bad Content-Length or chunk, an unknown HTTP version) leaves nothing more to
+    /// read on the connection. HTTPServerProtocolErrorHandler has written and flushed its
+    /// 400 with "Connection: close" by then, but closes nothing itself, and neither does
+    /// the decoder: without this close the connection would stay open for good.
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
         if let work = inFlight { service.cancel(work) }
         inFlight = nil

@@ -47,21 +47,17 @@ let promiseService = OrderService(backend: backend, deadline: deadline)
 let futureService = FutureOrderService(backend: backend, deadline: TimeAmount(deadline))
 let counters = Counters()
 
-/// A connection's handler: the same HTTPHandler, specialised for the chosen service.
-@Sendable func makeHandler() -> any ChannelHandler {
-    switch engine {
-    case .promise: HTTPHandler(service: promiseService, counters: counters)
-    case .nio: HTTPHandler(service: futureService, counters: counters)
-    }
-}
 
 let bootstrap = ServerBootstrap(group: connections)
     .serverChannelOption(.backlog, value: 256)
     .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
     .childChannelInitializer { channel in
         channel.eventLoop.makeCompletedFuture {
-            try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-            try channel.pipeline.syncOperations.addHandler(makeHandler())
+            // The same HTTPHandler, specialised for the chosen service.
+            switch engine {
+            case .promise: try configureConnection(channel.pipeline.syncOperations, service: promiseService, counters: counters)
+            case .nio: try configureConnection(channel.pipeline.syncOperations, service: futureService, counters: counters)
+            }
         }
     }
     .childChannelOption(.socketOption(.tcp_nodelay), value: 1)

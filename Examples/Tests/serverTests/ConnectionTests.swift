@@ -1,0 +1,74 @@
+// A connection's pipeline as the server sets it up (configureConnection), on NIO's
+// EmbeddedChannel: the test hands it bytes and reads what it writes back, with no socket
+// and no other thread, so that every step is deterministic.
+import NIOCore
+import NIOEmbedded
+import XCTest
+
+@testable import server
+
+final class ConnectionTests: XCTestCase {
+    /// Requests NIO's parser rejects, one kind each.
+    static let unparseable: [(name: String, bytes: String)] = [
+        ("a garbage request line", "GARBAGE\r\n\r\n"),
+        ("a header longer than NIO allows", "GET / HTTP/1.1\r\nX: \(String(repeating: "a", count: 200_000))\r\n\r\n"),
+        ("a bad Content-Length", "GET / HTTP/1.1\r\nContent-Length: abc\r\n\r\n"),
+        ("an unknown HTTP version", "GET / HTTP/9.9\r\n\r\n"),
+        ("a bad chunk size", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+    ]
+
+    /// Each request NIO cannot parse is answered 400 with "Connection: close", and then
+    /// the connection is closed, not left open for good.
+    func testAnUnparseableRequestIsAnswered400AndTheConnectionClosed() throws {
+        for (name, bytes) in Self.unparseable {
+            let engine = HeldEngine()
+            let channel = try connection(engine)
+            try channel.writeInbound(ByteBuffer(string: bytes))
+
+            let reply = try XCTUnwrap(channel.readOutbound(as: ByteBuffer.self), name)
+            let text = String(buffer: reply).lowercased()
+            XCTAssert(text.hasPrefix("http/1.1 400 bad request\r\n"), "\(name): \(text)")
+            XCTAssert(text.contains("\r\nconnection: close\r\n"), "\(name): \(text)")
+            XCTAssertFalse(channel.isActive, name)
+            XCTAssertEqual(engine.asked, 0, name)
+        }
+    }
+
+    // MARK: Helpers
+
+    /// A connected EmbeddedChannel set up as the server sets up a connection.
+    func connection<Service: OrderEngine>(_ service: Service, counters: Counters = Counters()) throws -> EmbeddedChannel {
+        let channel = EmbeddedChannel()
+        try configureConnection(channel.pipeline.syncOperations, service: service, counters: counters)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        return channel
+    }
+}
+
+/// An order service whose replies the test completes by hand: `reply(to:on:)` hands out
+/// a promise made on the channel's loop, the EmbeddedChannel's, which runs only when the
+/// test runs it. Not Sendable in fact, but only ever used on the test's thread.
+final class HeldEngine: OrderEngine, @unchecked Sendable {
+    /// The replies asked for, in order, not yet completed by the test.
+    private(set) var pending: [EventLoopPromise<Reply>] = []
+    /// How many replies were asked for.
+    private(set) var asked = 0
+    /// How many were cancelled because the client went away.
+    private(set) var cancelled = 0
+
+    func reply(to uri: String, on loop: any EventLoop) -> (work: Int, reply: EventLoopFuture<Reply>) {
+        let promise = loop.makePromise(of: Reply.self)
+        pending.append(promise)
+        asked += 1
+        return (asked, promise.futureResult)
+    }
+
+    func cancel(_ work: Int) {
+        cancelled += 1
+    }
+
+    /// Completes the oldest pending reply with `reply`.
+    func answer(_ reply: Reply) {
+        pending.removeFirst().succeed(reply)
+    }
+}
