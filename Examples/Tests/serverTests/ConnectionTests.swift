@@ -25,13 +25,42 @@ final class ConnectionTests: XCTestCase {
             let channel = try connection(engine)
             try channel.writeInbound(ByteBuffer(string: bytes))
 
-            let reply = try XCTUnwrap(channel.readOutbound(as: ByteBuffer.self), name)
-            let text = String(buffer: reply).lowercased()
+            let text = try written(channel).lowercased()
             XCTAssert(text.hasPrefix("http/1.1 400 bad request\r\n"), "\(name): \(text)")
             XCTAssert(text.contains("\r\nconnection: close\r\n"), "\(name): \(text)")
             XCTAssertFalse(channel.isActive, name)
             XCTAssertEqual(engine.asked, 0, name)
         }
+    }
+
+    /// The connection stops reading while it cannot write (replies pile up unsent), and
+    /// reads again once it can: the BackPressureHandler at the head of the pipeline holds
+    /// the reads back. A request read then is still parsed and answered, so the handler
+    /// sits before the HTTP decoder, where it gets the ByteBuffers it expects.
+    func testReadsStopWhileTheConnectionCannotWrite() throws {
+        let engine = HeldEngine()
+        let channel = try connection(engine)
+        let reads = ReadCounter()  // first, at the socket end: counts the reads that get there
+        try channel.pipeline.syncOperations.addHandler(reads, position: .first)
+
+        channel.read()
+        XCTAssertEqual(reads.count, 1)
+
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        channel.read()
+        channel.read()
+        XCTAssertEqual(reads.count, 1, "a read got through while the channel was not writable")
+
+        channel.isWritable = true
+        channel.pipeline.fireChannelWritabilityChanged()
+        XCTAssertEqual(reads.count, 2, "the held read goes through, once, when writable again")
+
+        try channel.writeInbound(ByteBuffer(string: "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+        XCTAssertEqual(engine.asked, 1)
+        engine.answer(.health)
+        XCTAssert(try written(channel).hasPrefix("HTTP/1.1 200 OK\r\n"))
+        XCTAssertEqual(try channel.finish().isClean, true)
     }
 
     // MARK: Helpers
@@ -42,6 +71,26 @@ final class ConnectionTests: XCTestCase {
         try configureConnection(channel.pipeline.syncOperations, service: service, counters: counters)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         return channel
+    }
+
+    /// Everything the channel has written so far, as text.
+    func written(_ channel: EmbeddedChannel) throws -> String {
+        var text = ""
+        while let buffer = try channel.readOutbound(as: ByteBuffer.self) {
+            text += String(buffer: buffer)
+        }
+        return text
+    }
+}
+
+/// Counts the reads that reach it, and passes them on.
+final class ReadCounter: ChannelOutboundHandler {
+    typealias OutboundIn = NIOAny
+    private(set) var count = 0
+
+    func read(context: ChannelHandlerContext) {
+        count += 1
+        context.read()
     }
 }
 
