@@ -20,7 +20,10 @@ protocol OrderEngine: Sendable {
     func cancel(_ work: Work)
 }
 
-/// Requests answered, by outcome; read when the server stops.
+/// Requests answered, by the status of their reply; read when the server stops. A
+/// request counts once its reply has been written to the connection's socket in full,
+/// not when the reply is ready: a reply to a client that went away, or cut off by a stop,
+/// was never delivered.
 final class Counters: Sendable {
     private let counts = NIOLockedValueBox((ok: 0, failed: 0))
 
@@ -90,7 +93,6 @@ final class HTTPHandler<Engine: OrderEngine>: ChannelInboundHandler {
     }
 
     private func write(_ reply: Reply, for head: HTTPRequestHead, context: ChannelHandlerContext) {
-        counters.record(reply.status)
         var buffer = context.channel.allocator.buffer(capacity: reply.body.utf8.count)
         buffer.writeString(reply.body)
         var headers = HTTPHeaders()
@@ -101,9 +103,14 @@ final class HTTPHandler<Engine: OrderEngine>: ChannelInboundHandler {
         let responseHead = HTTPResponseHead(version: head.version, status: reply.status, headers: headers)
         context.write(wrapOutboundOut(.head(responseHead)), promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
+        // The end's write succeeds once the whole reply is in the socket (a channel writes
+        // in order) and fails if the channel closes first, so a reply counts on success only.
         let written = context.writeAndFlush(wrapOutboundOut(.end(nil)))
-        if !keepAlive {
-            written.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        let counters = self.counters
+        let status = reply.status
+        written.assumeIsolated().whenComplete { result in
+            if case .success = result { counters.record(status) }
+            if !keepAlive { context.close(promise: nil) }
         }
     }
 }

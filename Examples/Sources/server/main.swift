@@ -18,7 +18,13 @@
 // event loops for connections and as many for the backend; default: the number of cores),
 // --deadline-ms N (per order, 1 to 3600000; default 1000), --engine promise|nio
 // (OrderService or FutureOrderService; default promise).
-// SIGTERM or SIGINT stops it and prints how many requests it answered.
+// SIGTERM or SIGINT stops it and prints "answered N requests: X ok, Y not ok". N counts
+// the replies the server wrote to their connection in full (the kernel took every byte;
+// whether the client then read them, no server can tell), X those with status 200 and Y
+// the rest (404, 400 for a bad id, 504, 500). Not counted: a reply ready only once its
+// client had gone, or once the stop had closed its connection, since it was never sent;
+// and the 400 that NIO itself writes for a request it cannot parse, before the connection
+// closes.
 import Dispatch
 import Foundation
 import NIOCore

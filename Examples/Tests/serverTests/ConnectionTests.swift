@@ -63,6 +63,32 @@ final class ConnectionTests: XCTestCase {
         XCTAssertEqual(try channel.finish().isClean, true)
     }
 
+    /// A reply written on an open connection counts; one that is ready only once the client
+    /// has gone (the 500 of a cancelled order, say) is not written, and does not count.
+    func testOnlyRepliesWrittenCount() throws {
+        let counters = Counters()
+        let engine = HeldEngine()
+        let open = try connection(engine, counters: counters)
+        try open.writeInbound(ByteBuffer(string: "GET /order/42 HTTP/1.1\r\nHost: x\r\n\r\n"))
+        engine.answer(OrderEngineTests.expected("/order/42"))
+        XCTAssert(try written(open).hasPrefix("HTTP/1.1 200 OK\r\n"))
+        XCTAssertEqual(counters.snapshot.ok, 1)
+        XCTAssertEqual(counters.snapshot.failed, 0)
+
+        let closed = try connection(engine, counters: counters)
+        try closed.writeInbound(ByteBuffer(string: "GET /order/43 HTTP/1.1\r\nHost: x\r\n\r\n"))
+        try closed.close().wait()
+        // The rest of the close, queued on the loop: the pipeline's handlers are removed, so
+        // that a write from one fails, as a closed socket's does. (An EmbeddedChannel itself
+        // would take a write after its close.)
+        closed.embeddedEventLoop.run()
+        XCTAssertEqual(engine.cancelled, 1, "the order in flight is cancelled when the client goes")
+        engine.answer(.failed(CancellationError()))
+        XCTAssertEqual(try written(closed), "")
+        XCTAssertEqual(counters.snapshot.ok, 1)
+        XCTAssertEqual(counters.snapshot.failed, 0, "a reply never written was counted")
+    }
+
     // MARK: Helpers
 
     /// A connected EmbeddedChannel set up as the server sets up a connection.
