@@ -27,9 +27,6 @@
 // closes.
 import Dispatch
 import Foundation
-import NIOCore
-import NIOHTTP1
-import NIOPosix
 
 /// Prints a line and flushes it at once (stdout is a file under `make server-load`).
 func say(_ line: String) {
@@ -45,56 +42,37 @@ do {
     exit(2)
 }
 
-let connections = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
-let backend = MultiThreadedEventLoopGroup(numberOfThreads: options.threads)
-let deadline = Duration.milliseconds(options.deadlineMilliseconds)
-let engine = options.engine
-let promiseService = OrderService(backend: backend, deadline: deadline)
-let futureService = FutureOrderService(backend: backend, deadline: TimeAmount(deadline))
-let counters = Counters()
-
-
-let bootstrap = ServerBootstrap(group: connections)
-    .serverChannelOption(.backlog, value: 256)
-    .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-    .childChannelInitializer { channel in
-        channel.eventLoop.makeCompletedFuture {
-            // The same HTTPHandler, specialised for the chosen service.
-            switch engine {
-            case .promise: try configureConnection(channel.pipeline.syncOperations, service: promiseService, counters: counters)
-            case .nio: try configureConnection(channel.pipeline.syncOperations, service: futureService, counters: counters)
-            }
-        }
-    }
-    .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-    .childChannelOption(.maxMessagesPerRead, value: 16)
-
-let channel: any Channel
+let server: Server
 do {
-    channel = try bootstrap.bind(host: "127.0.0.1", port: options.port).wait()
+    server = try Server(options)
 } catch {
     FileHandle.standardError.write(Data("server: cannot listen on 127.0.0.1:\(options.port): \(error)\n".utf8))
     exit(1)
 }
-let port = channel.localAddress?.port ?? options.port
-say("server: listening on http://127.0.0.1:\(port) (engine \(engine), \(options.threads) connection loops, \(options.threads) backend loops)")
+say("server: listening on http://127.0.0.1:\(server.port) (engine \(options.engine), \(options.threads) connection loops, \(options.threads) backend loops)")
 if let portFile = options.portFile {
-    try String(port).write(toFile: portFile, atomically: true, encoding: .utf8)
+    do {
+        try String(server.port).write(toFile: portFile, atomically: true, encoding: .utf8)
+    } catch {
+        FileHandle.standardError.write(Data("server: cannot write the port to \(portFile): \(error)\n".utf8))
+        server.close()
+        try? server.waitUntilStopped()
+        exit(1)
+    }
 }
 
-// Stop on SIGTERM / SIGINT: close the listening socket; the main thread then shuts down.
+// Stop on SIGTERM / SIGINT: close the listening socket; the main thread then stops the
+// rest (Server.waitUntilStopped says in which order).
 var signalSources: [any DispatchSourceSignal] = []
 for signalNumber in [SIGTERM, SIGINT] {
     signal(signalNumber, SIG_IGN)
     let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
     // @Sendable: runs on a global queue, not on the main actor of this top-level code.
-    source.setEventHandler { @Sendable in channel.close(promise: nil) }
+    source.setEventHandler { @Sendable in server.close() }
     source.resume()
     signalSources.append(source)
 }
 
-try channel.closeFuture.wait()
-try connections.syncShutdownGracefully()
-try backend.syncShutdownGracefully()
-let (ok, failed) = counters.snapshot
+try server.waitUntilStopped()
+let (ok, failed) = server.counters.snapshot
 say("server: stopped; answered \(ok + failed) requests: \(ok) ok, \(failed) not ok")
