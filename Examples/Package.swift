@@ -7,7 +7,8 @@
 //               lookups (`make server-load` loads it with wrk), through the library's
 //               PromiseNIO product (the package trait SwiftNIO turns it on); with
 //               --engine nio, the same handler on NIO futures only (`make server-compare`)
-//   serverTests the two engines answer every request alike (`make examples-test`)
+//   serverTests the two engines answer every request alike; the server's options, a
+//               connection's pipeline (on an EmbeddedChannel) and its stop (`make examples-test`)
 //
 // The documentation of Promise and PromiseNIO is built by the docs-only package in Docs/
 // (`make docs`), which holds the swift-docc-plugin dependency.

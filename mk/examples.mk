@@ -5,7 +5,8 @@
 #
 #   make demo            (main Makefile) the guided tour, Examples/Sources/demo
 #   make examples-test   builds every example with warnings as errors, and runs
-#                        Examples/Tests (the server's two engines answer alike)
+#                        Examples/Tests (the server's two engines answer alike; its
+#                        options, connection pipeline and stop)
 #   make server          builds the example HTTP server (SERVER_CONFIG: release, or debug
 #                        for a quicker first build of SwiftNIO and a slower server)
 #   make server-load     starts it on 127.0.0.1, loads it with wrk for LOAD_SECONDS,
