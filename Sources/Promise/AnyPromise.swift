@@ -107,6 +107,12 @@ public class AnyPromise: @unchecked Sendable {
     /// needs destroying: the deinit, which runs unspecialised, then skips the generic
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
+    /// Set with an outcome that holds memory a retirement may free early
+    /// (`freeValueIfOnlyTheCascadeKeepsIt`): a value that needs destroying (`storeValue`)
+    /// or a rejection's error (`storeRejection`). One byte for the cascade's check on
+    /// every step, where reading the claim word too cost a fulfilled `Int` step 15
+    /// instructions.
+    @usableFromInline @exclusivity(unchecked) final var outcomeFreeableEarly = false
     /// Where a derived promise's handler runs, as its layout says: set once, before the
     /// promise is shared, and not read off a stored context (which moves out when the
     /// handler is sent, and costs more to reach). One byte for the two kinds that store no

@@ -220,7 +220,7 @@ extension AnyPromise {
         if let parent, let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
-            failure = PromiseError.cycle
+            storeRejection(PromiseError.cycle)
             PromiseDiagnostics.report(.cycle, for: self)
         }
         publishOutcomeFromHolder(keeping: kept)

@@ -97,12 +97,12 @@ extension AnyPromise {
     /// cancelled step keeps its reason: a descendant looking up through it reads it
     /// (`cancelReasonForDescendants`), and every step below shares it anyway.
     ///
-    /// Cost: two loads and a branch for a value with nothing to free (an `Int`);
-    /// otherwise two loads of the count word, two read-modify-writes of the tree flags and
-    /// a fence, once per step whose value or error needs freeing.
+    /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
+    /// two loads of the count word, two read-modify-writes of the tree flags and a fence,
+    /// once per step whose value or error needs freeing.
     @inline(__always)
     private final func freeValueIfOnlyTheCascadeKeepsIt() {
-        guard storedValueNeedsDestroy || claimHint == UInt(PC_REJECTED) else { return }
+        guard outcomeFreeableEarly else { return }
         retireIfOnlyTheCascadeKeepsIt()
     }
 

@@ -51,12 +51,20 @@ extension AnyPromise {
         failureSlot.deinitialize(count: 1)
     }
 
+    /// Stores a rejection's error: only for the winner of a claim to `PC_REJECTED`, before
+    /// it publishes.
+    final func storeRejection(_ error: any Error) {
+        failure = error
+        outcomeFreeableEarly = true
+    }
+
     /// Releases a rejection's error now, for a promise that nobody can read any more
     /// (`freeValueIfOnlyTheCascadeKeepsIt`), reporting it first if no observer read it,
     /// as its deinit would have (nothing can read it later); the deinit then finds nil.
     final func freeFailureEarly() {
         reportIfUnseen()
         failure = nil
+        outcomeFreeableEarly = false
     }
 
     /// A rejected promise's death: an unhandled rejection if no observer read its error.

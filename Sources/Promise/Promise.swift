@@ -293,6 +293,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     final override func freeStoredValueEarly() {
         destroyStoredValue()
         storedValueNeedsDestroy = false
+        outcomeFreeableEarly = false
     }
 
     final override var typeName: String {
@@ -308,8 +309,11 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         if tag == UInt(PC_FULFILLED) {
             storeValue(source.storedValue)
         } else {
-            if tag == UInt(PC_REJECTED) { source.noteErrorSeen() }  // passed on: seen
             failure = source.failure
+            if tag == UInt(PC_REJECTED) {
+                source.noteErrorSeen()  // passed on: seen
+                outcomeFreeableEarly = true
+            }
         }
     }
 }

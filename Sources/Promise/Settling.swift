@@ -44,7 +44,7 @@ extension AnyPromise {
             parent?.release()
             return nil
         }
-        failure = error
+        if outcome == PC_REJECTED { storeRejection(error) } else { failure = error }
         publishOutcomeFromHolder(keeping: parent)
         return from
     }
@@ -106,7 +106,7 @@ extension AnyPromise {
         if let reason = cancelReasonFromAncestors(parent: parent) {
             turnClaimIntoCancel(from: PC_REJECTED, reason: reason)
         } else {
-            failure = error
+            storeRejection(error)
             stored = true
         }
         publishClaimedOutcome()

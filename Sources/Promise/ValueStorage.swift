@@ -28,9 +28,13 @@ extension Promise {
     func storeValue(_ value: Value) {
         if Self.storesInline {
             payloadAddress.initializeMemory(as: Value.self, repeating: value, count: 1)
-            if !_isPOD(Value.self) { storedValueNeedsDestroy = true }
+            if !_isPOD(Value.self) {
+                storedValueNeedsDestroy = true
+                outcomeFreeableEarly = true
+            }
         } else {
             storedValueNeedsDestroy = true
+            outcomeFreeableEarly = true
             payloadAddress.storeBytes(of: Unmanaged.passRetained(ValueBox(value)).toOpaque(),
                                       as: UnsafeMutableRawPointer.self)
         }
