@@ -121,6 +121,81 @@ final class CascadeNavigationStressTests: XCTestCase {
         }
     }
 
+    /// The same race for errors: every other step of the chain throws an error that
+    /// carries a token and the next recovers, so the cascade frees rejected steps' errors
+    /// early too; seats 1 and 2 walk up from the leaf, describe every ancestor and read
+    /// each rejected one's error, which must be whole and the one its step threw.
+    func testNavigationIntoARunningCascadeOfRejectedSteps() {
+        struct Thrown: Error { let token: Token }
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let depth = 48
+        let reads = Atomic<Int>(0), wrong = Atomic<Int>(0)
+
+        runStressRounds("navigation into a running cascade of rejected steps", invariants: [
+            "every error read through parent is intact and the one its step threw",
+            "the leaf ends fulfilled with the chain's value",
+            "every error is freed once the round's promises are dropped",
+        ], details: {
+            "\(reads.load(ordering: .relaxed)) errors read"
+        }) { checker in
+            let round = checker.round
+            let rootHolder = Locked<Promise<Int>?>(Promise<Int>())
+            let leaf: Promise<Int>
+            do {
+                var step = rootHolder.withLock { $0! }
+                for level in stride(from: 1, to: depth, by: 2) {
+                    step = step.then(on: .immediate) { _ -> Int in throw Thrown(token: Token(depth: level)) }
+                        .recover(on: .immediate) { ($0 as? Thrown)?.token.depth ?? -1 }
+                }
+                leaf = step
+            }
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                if seat == 0 {
+                    for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
+                    let root = rootHolder.withLock { root in
+                        defer { root = nil }
+                        return root!
+                    }
+                    root.fulfill(0)
+                    return
+                }
+                for _ in 0..<200 {
+                    var node: AnyPromise = leaf
+                    var below = depth  // the steps throw at odd depths, fewer going up
+                    while let up = node.parent {
+                        node = up
+                        _ = up.debugDescription
+                        guard up.isRejected, let promise = up as? Promise<Int> else { continue }
+                        do {
+                            _ = try promise.wait()
+                            wrong.add(1, ordering: .relaxed)
+                        } catch let thrown as Thrown {
+                            reads.add(1, ordering: .relaxed)
+                            let token = thrown.token
+                            if !token.isIntact || token.depth % 2 != 1 || token.depth >= below {
+                                wrong.add(1, ordering: .relaxed)
+                            }
+                            below = token.depth
+                        } catch {
+                            wrong.add(1, ordering: .relaxed)
+                        }
+                    }
+                    if !leaf.isPending { break }
+                }
+            }
+            checker.check(finished, "round hung")
+            checker.check(wrong.load(ordering: .relaxed) == 0, "an error read was not the one its step threw")
+            checker.check((try? leaf.wait()) == depth - 1, "the leaf ended \(leaf.state)")
+            _ = consume leaf
+            checker.check(Token.alive.load(ordering: .relaxed) == 0,
+                          "\(Token.alive.load(ordering: .relaxed)) errors outlived their promises")
+            return finished
+        }
+    }
+
     /// Readers that reach the steps of a running cascade through `parent` and keep them
     /// only through references of their own, `unowned` (seat 1) or `weak` (seat 2), made
     /// from the strong one `parent` gave, which they drop before reading again: the
