@@ -47,7 +47,11 @@ extension AnyPromise {
     final func destroyFailure() {
         let claimed = claimHint
         guard claimed == UInt(PC_REJECTED) || claimed == UInt(PC_CANCELLED) else { return }
-        if claimed == UInt(PC_REJECTED) { reportIfUnseen() }
+        if claimed == UInt(PC_REJECTED) {
+            // Retired: its error was reported if unread, and released (`freeFailureEarly`).
+            guard treeFlags & TreeFlag.retired == 0 else { return }
+            reportIfUnseen()
+        }
         failureSlot.deinitialize(count: 1)
     }
 
@@ -60,10 +64,16 @@ extension AnyPromise {
 
     /// Releases a rejection's error now, for a promise that nobody can read any more
     /// (`freeValueIfOnlyTheCascadeKeepsIt`), reporting it first if no observer read it,
-    /// as its deinit would have (nothing can read it later); the deinit then finds nil.
+    /// as its deinit would have (nothing can read it later), and leaving the deinit, which
+    /// sees `TreeFlag.retired`, nothing to do.
+    ///
+    /// Released in place, the slot's bits left as they are, as a value is: not `failure =
+    /// nil`, a store that ThreadSanitizer would report against a description that read the
+    /// error before the retirement, ordered before it only by the runtime's reference
+    /// counts, which it does not see.
     final func freeFailureEarly() {
         reportIfUnseen()
-        failure = nil
+        failureSlot.deinitialize(count: 1)
         outcomeFreeableEarly = false
     }
 
