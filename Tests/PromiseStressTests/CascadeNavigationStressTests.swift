@@ -37,6 +37,15 @@ private final class Token: Sendable {
     deinit { Token.alive.subtract(1, ordering: .relaxed) }
 }
 
+/// Takes the round's root out of `holder`: once the caller settles it and lets it go,
+/// only the cascade keeps the steps above the leaf.
+private func takeRoot<Value>(from holder: Locked<Promise<Value>?>) -> Promise<Value> {
+    holder.withLock { root in
+        defer { root = nil }
+        return root!
+    }
+}
+
 final class CascadeNavigationStressTests: XCTestCase {
     /// Seat 0 fulfils the root of a 48-step `.immediate` chain and lets go of it, so only
     /// the cascade keeps the steps above the leaf; seats 1 and 2 walk up from the leaf with
@@ -73,10 +82,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
                     for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
-                    let root = rootHolder.withLock { root in
-                        defer { root = nil }
-                        return root!
-                    }
+                    let root = takeRoot(from: rootHolder)
                     root.fulfill(Token(depth: 0))
                     return
                 }
@@ -155,10 +161,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
                     for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
-                    let root = rootHolder.withLock { root in
-                        defer { root = nil }
-                        return root!
-                    }
+                    let root = takeRoot(from: rootHolder)
                     root.fulfill(0)
                     return
                 }
@@ -245,10 +248,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
                     for _ in 0..<random.below(400) { _ = reads.load(ordering: .relaxed) }
-                    let root = rootHolder.withLock { root in
-                        defer { root = nil }
-                        return root!
-                    }
+                    let root = takeRoot(from: rootHolder)
                     root.fulfill(Token(depth: 0))
                     return
                 }
