@@ -37,13 +37,16 @@ private final class Token: Sendable {
     deinit { Token.alive.subtract(1, ordering: .relaxed) }
 }
 
-/// Takes the round's root out of `holder`: once the caller settles it and lets it go,
-/// only the cascade keeps the steps above the leaf.
-private func takeRoot<Value>(from holder: Locked<Promise<Value>?>) -> Promise<Value> {
-    holder.withLock { root in
+/// Seat 0's part of a round: after a pause of `spins`, takes the round's root out of
+/// `holder` and fulfils it with `value`, letting go of it, so that only the cascade keeps
+/// the steps above the leaf.
+private func settleAndLetGo<Value>(_ holder: Locked<Promise<Value>?>, with value: Value, after spins: Int) {
+    spin(spins)
+    let root = holder.withLock { root in
         defer { root = nil }
         return root!
     }
+    root.fulfill(value)
 }
 
 final class CascadeNavigationStressTests: XCTestCase {
@@ -81,9 +84,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 var random = StressRandom(round: round, seat: seat)
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
-                    for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
-                    let root = takeRoot(from: rootHolder)
-                    root.fulfill(Token(depth: 0))
+                    settleAndLetGo(rootHolder, with: Token(depth: 0), after: random.below(200))
                     return
                 }
                 for attempt in 0..<200 {
@@ -160,9 +161,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 var random = StressRandom(round: round, seat: seat)
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
-                    for _ in 0..<random.below(200) { _ = reads.load(ordering: .relaxed) }
-                    let root = takeRoot(from: rootHolder)
-                    root.fulfill(0)
+                    settleAndLetGo(rootHolder, with: 0, after: random.below(200))
                     return
                 }
                 for _ in 0..<200 {
@@ -247,9 +246,7 @@ final class CascadeNavigationStressTests: XCTestCase {
                 var random = StressRandom(round: round, seat: seat)
                 crew.barrier.arriveAndWait()
                 if seat == 0 {
-                    for _ in 0..<random.below(400) { _ = reads.load(ordering: .relaxed) }
-                    let root = takeRoot(from: rootHolder)
-                    root.fulfill(Token(depth: 0))
+                    settleAndLetGo(rootHolder, with: Token(depth: 0), after: random.below(400))
                     return
                 }
                 defer { readersDone.add(1, ordering: .releasing) }

@@ -538,47 +538,53 @@ final class LifetimeModelTests: XCTestCase {
     /// The same for errors: a chain built before its root settled whose every step throws
     /// and recovers frees each step's error once the next step ran. The errors were read
     /// (recovered), so none is reported as unhandled, early or late.
-    func testImmediateChainBuiltInAdvanceFreesEachErrorOnceTheNextRan() {
+    func testImmediateChainBuiltInAdvanceFreesEachErrorOnceTheNextRan() throws {
         struct Failure: Error { let payload: Payload }
         let tracker = LifeTracker()
         let peak = Peak()
-        let reports = Recorder<String>()
-        PromiseDiagnostics.setHandler { event in
-            if case .unhandledRejection(let error) = event.kind, error is Failure { reports.append("\(error)") }
+        let reports = try unhandledRejections(of: Failure.self) {
+            let root = Promise<Int>()
+            var step = root
+            for _ in 0..<2_000 {
+                step = step.then(on: .immediate) { _ -> Int in
+                    peak.record(tracker.alive)
+                    throw Failure(payload: Payload(bytes: [1], tracker: tracker))
+                }.recover(on: .immediate) { _ in 0 }
+            }
+            let leaf = step
+            root.fulfill(7)
+            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
         }
-        defer { PromiseDiagnostics.setHandler(nil) }
-        let root = Promise<Int>()
-        var step = root
-        for _ in 0..<2_000 {
-            step = step.then(on: .immediate) { _ -> Int in
-                peak.record(tracker.alive)
-                throw Failure(payload: Payload(bytes: [1], tracker: tracker))
-            }.recover(on: .immediate) { _ in 0 }
-        }
-        let leaf = step
-        root.fulfill(7)
-        XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
         XCTAssertLessThanOrEqual(peak.maximum, 4, "every step's error stays until the cascade ends")
         XCTAssertEqual(tracker.alive, 0)
-        XCTAssertEqual(reports.values, [])
+        XCTAssertEqual(reports, [])
     }
 
     /// A step's error freed early, which its child read only by passing it on (`then`
     /// runs only on a value), is no unhandled rejection: the pass counts as reading it.
-    func testAnErrorPassedOnAndFreedEarlyIsNoUnhandledRejection() {
+    func testAnErrorPassedOnAndFreedEarlyIsNoUnhandledRejection() throws {
+        let reports = try unhandledRejections(of: TestError.self) {
+            let root = Promise<Int>()
+            let leaf = root
+                .then(on: .immediate) { _ -> Int in throw TestError(5) }
+                .then(on: .immediate) { $0 + 1 }
+                .recover(on: .immediate) { _ in 0 }
+            root.fulfill(1)
+            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
+        }
+        XCTAssertEqual(reports, [])
+    }
+
+    /// The unhandled rejections of errors of type `type` reported while `body` ran (and
+    /// its promises were freed), as their descriptions.
+    private func unhandledRejections<E: Error>(of type: E.Type, during body: () throws -> Void) rethrows -> [String] {
         let reports = Recorder<String>()
         PromiseDiagnostics.setHandler { event in
-            if case .unhandledRejection(let error) = event.kind, error is TestError { reports.append("\(error)") }
+            if case .unhandledRejection(let error) = event.kind, error is E { reports.append("\(error)") }
         }
         defer { PromiseDiagnostics.setHandler(nil) }
-        let root = Promise<Int>()
-        let leaf = root
-            .then(on: .immediate) { _ -> Int in throw TestError(5) }
-            .then(on: .immediate) { $0 + 1 }
-            .recover(on: .immediate) { _ in 0 }
-        root.fulfill(1)
-        XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
-        XCTAssertEqual(reports.values, [])
+        try body()
+        return reports.values
     }
 
     /// Inside that cascade, a step whose value was freed is gone to `parent`, as it will
