@@ -235,6 +235,15 @@ bool pc_keep_until_cascade_end(void *item, pc_release_fn release) {
     return true;
 }
 
+bool pc_cascade_keeps_last(const void *item, pc_release_fn release) {
+    size_t count = pc_trampoline.kept_count; /* thread-local: no other thread touches it */
+    if (pc_trampoline.depth == 0 || count == 0) {
+        return false;
+    }
+    pc_kept last = pc_trampoline.kept[count - 1];
+    return last.item == item && last.release == release;
+}
+
 uintptr_t pc_inline_begin(const pc_promise *promise) {
     /* acquire: pairs with the release half of the publishing CAS in pc_publish, as the
      * load in pc_observe does; a quiescent outcome seen here makes its value visible.

@@ -108,7 +108,7 @@ public class AnyPromise: @unchecked Sendable {
     /// layout queries for the common trivial values.
     @usableFromInline @exclusivity(unchecked) final var storedValueNeedsDestroy = false
     /// Set with an outcome that holds memory a retirement may free early
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`): a value that needs destroying (`storeValue`)
+    /// (`retireIfOnlyTheCascadeKeepsIt`): a value that needs destroying (`storeValue`)
     /// or a rejection's error (`storeRejection`). One byte for the cascade's check on
     /// every step, where reading the claim word too cost a fulfilled `Int` step 15
     /// instructions.
@@ -240,7 +240,7 @@ public class AnyPromise: @unchecked Sendable {
     // MARK: What the typed subclass provides
 
     /// Destroys the fulfilled value now, for a promise that nobody can read any more
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`); its deinit then destroys nothing. Overridden
+    /// (`retireIfOnlyTheCascadeKeepsIt`); its deinit then destroys nothing. Overridden
     /// by `Promise<Value>` (final there).
     func freeStoredValueEarly() {
         preconditionFailure("AnyPromise is abstract")

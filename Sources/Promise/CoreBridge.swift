@@ -228,6 +228,8 @@ extension AnyPromise {
     final func leaveFlight(firedInlineChildren: Bool) {
         if firedInlineChildren {
             let retained = Unmanaged.passRetained(self)
+            // Before this keep goes on top of the parent's, if any.
+            freeParentValueOnceAdopted()
             if keepUntilCascadeEnds(retained, then: dropKeptSelfHold) { return }
             retained.release()  // outside a cascade: its children ran inside the publish
         }
@@ -759,6 +761,12 @@ func keepUntilCascadeEnds(_ retained: Unmanaged<AnyPromise>, then: pc_release_fn
     pc_keep_until_cascade_end(retained.toOpaque(), then)
 }
 
+/// Whether the newest item this thread's cascade keeps is `promise`, kept with `release`
+/// (`pc_cascade_keeps_last`): then that keep's reference stays until the cascade ends.
+func cascadeKeepsLast(_ promise: AnyPromise, then release: pc_release_fn) -> Bool {
+    pc_cascade_keeps_last(Unmanaged.passUnretained(promise).toOpaque(), release)
+}
+
 /// The end of a cascade for a promise kept by `keepUntilCascadeEnds`: lets it go.
 func releaseKeptPromise(_ item: UnsafeMutableRawPointer) {
     Unmanaged<AnyPromise>.fromOpaque(item).release()
@@ -943,3 +951,4 @@ func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
 func registerRawNode(_ node: UnsafeMutablePointer<pc_node>, on promise: AnyPromise) {
     pc_observe(promise.corePointer, node)
 }
+

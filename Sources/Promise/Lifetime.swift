@@ -21,8 +21,9 @@ import CPromiseCore
 //   (`keepParentUntilCascadeEnds`; a parent it borrows is kept by the call that opened
 //   the cascade, until it ends), and a promise in flight whose publish did keeps its
 //   holds (`publishLeavingFlight`, CoreBridge.swift). A kept step that nothing else
-//   reaches is retired once its child ran: its value is freed then, not at the cascade's
-//   end (`freeValueIfOnlyTheCascadeKeepsIt`).
+//   reaches is retired once its child ran (or, for a child following the promise its
+//   handler returned, adopted): its value is freed then, not at the cascade's end
+//   (`retireIfOnlyTheCascadeKeepsIt`).
 // - A side branch settled early (by its holder, or by the promise `resolve(with:)` made it
 //   follow) keeps its parent from before its claim through its cascade
 //   (`publishKeepingParent`, CoreBridge.swift), and its parent, firing it, links it up
@@ -57,11 +58,54 @@ extension AnyPromise {
     final func keepParentUntilCascadeEnds(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
-        guard lineageFolloweeWordValue == 0, keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else {
-            return false
+        guard lineageFolloweeWordValue == 0 else { return false }
+        // Before our keep goes on top: whether the parent left flight inside this cascade
+        // and keeps itself until it ends (a follower whose publish fired this child). The
+        // parent is borrowed, never copied: a copy is a reference the counts would see.
+        let freeable = parentRetain._withUnsafeGuaranteedRef { $0.outcomeFreeableEarly }
+        let parentKeepsItself = freeable
+            && parentRetain._withUnsafeGuaranteedRef { cascadeKeepsLast($0, then: dropKeptSelfHold) }
+        guard keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
+        if freeable {
+            parentRetain._withUnsafeGuaranteedRef {
+                $0.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: parentKeepsItself ? 2 : 1, pathHeld: parentKeepsItself)
+            }
         }
-        parentRetain._withUnsafeGuaranteedRef { $0.freeValueIfOnlyTheCascadeKeepsIt() }
         return true
+    }
+
+    /// The same for a child that followed the promise its handler returned (`flatMap`)
+    /// and has just adopted its outcome, inside a cascade, as it leaves flight
+    /// (`leaveFlight`, before the cascade keeps it): its handler has run, so its parent's
+    /// value is read by nobody the library knows of, and the parent is kept only by this
+    /// child's hold on its path (and by its own keep, if it left flight in this cascade
+    /// too). So a `flatMap` chain built before its root settled frees each step's value
+    /// once the next step adopted, as a `then` chain does once the next step ran.
+    ///
+    /// The references counted must stay until the cascade ends, or a user's reference
+    /// could take the place of one let go meanwhile. This child's hold does: it was taken
+    /// when the child went in flight, in `follow` at the latest, before the child
+    /// registered on the promise it adopted from (a handler's returned promise: the
+    /// followee link's `forwardsCancel`, which only `follow` records), so before this
+    /// publish saw it, and no later call puts the child in flight again; only the
+    /// cascade's end drops it. It holds the parent itself (not found dead: no
+    /// `PC_HOLDS_GONE`). The parent's own keep is counted only when it is this thread's
+    /// newest keep (`cascadeKeepsLast`). A child settled by a cancel (whose claim may race
+    /// a thread putting it in flight), or any other promise leaving flight, frees nothing
+    /// here.
+    final func freeParentValueOnceAdopted() {
+        guard lineageFolloweeWordValue & FolloweeLink.forwardsCancel != 0 else { return }
+        let claimed = claimHint
+        guard claimed == UInt(PC_FULFILLED) || claimed == UInt(PC_REJECTED) else { return }
+        let holds = holdsWord
+        guard holds & UInt(PC_HOLDS_SELF) != 0, holds & UInt(PC_HOLDS_GONE) == 0,
+              let parentAddress else { return }
+        // Alive: this child's hold holds it.
+        Unmanaged<AnyPromise>.fromOpaque(parentAddress)._withUnsafeGuaranteedRef { parent in
+            guard parent.outcomeFreeableEarly else { return }
+            let keepsItself = cascadeKeepsLast(parent, then: dropKeptSelfHold)
+            parent.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: keepsItself ? 2 : 1, pathHeld: true)
+        }
     }
 
     /// Frees this settled promise's value now if the cascade's keep is all that holds it:
@@ -97,23 +141,32 @@ extension AnyPromise {
     /// cancelled step keeps its reason: a descendant looking up through it reads it
     /// (`cancelReasonForDescendants`), and every step below shares it anyway.
     ///
-    /// Cost: one load and a branch for a value with nothing to free (an `Int`); otherwise
-    /// two loads of the count word, two read-modify-writes of the tree flags and a fence,
-    /// once per step whose value or error needs freeing.
-    @inline(__always)
-    private final func freeValueIfOnlyTheCascadeKeepsIt() {
-        guard outcomeFreeableEarly else { return }
-        retireIfOnlyTheCascadeKeepsIt()
-    }
-
+    /// The references the library holds, all kept until the cascade ends: the keeps
+    /// (`cascadeReferences`: the child's keep of this promise, or the child's hold on its
+    /// path, and this promise's own keep when it left flight in this cascade), and of its
+    /// memory the link up of the child that ran, and, if this promise is linked into its
+    /// parent's registry, that link (taken before the mark, so a linked promise has it
+    /// while the parent lives). That parent lives on only where this promise's own holds
+    /// keep it (`pathHeld`: its own keep or the child's hold keeps them, and its parent is
+    /// no root and was not found dead); otherwise a linked promise keeps its value.
+    ///
+    /// Cost: one load and a branch for a value with nothing to free (an `Int`, checked by
+    /// the callers); otherwise two loads of the count word, two read-modify-writes of the
+    /// tree flags and a fence, once per step whose value or error needs freeing.
     @inline(never)
-    private final func retireIfOnlyTheCascadeKeepsIt() {
+    private final func retireIfOnlyTheCascadeKeepsIt(cascadeReferences: Int, pathHeld: Bool) {
+        var memoryHolds = 1  // the link up of the child that ran
+        if treeFlags & TreeFlag.linked != 0 {
+            guard pathHeld, holdsItsParentInFlight, holdsWord & UInt(PC_HOLDS_GONE) == 0 else { return }
+            memoryHolds = 2
+        }
         let object = Unmanaged.passUnretained(self).toOpaque()
-        // The one memory hold: the link up of the child that kept this promise.
-        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1),
+        guard SwiftRuntime.isOnlyReference(to: object, strongReferences: cascadeReferences,
+                                           besidesMemoryHolds: memoryHolds),
               setTreeFlag(TreeFlag.retiring) else { return }
         fullFence()  // the flag's store before the second snapshot (StoreLoad)
-        guard SwiftRuntime.isOnlyReference(to: object, besidesMemoryHolds: 1) else {
+        guard SwiftRuntime.isOnlyReference(to: object, strongReferences: cascadeReferences,
+                                           besidesMemoryHolds: memoryHolds) else {
             // A reader took a reference meanwhile (and may be waiting for this decision):
             // it keeps the value.
             return updateTreeFlags(clearing: TreeFlag.retiring, setting: 0)
@@ -123,7 +176,7 @@ extension AnyPromise {
     }
 
     /// The parent, unless it is gone or its value was freed early
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`): what `parent` and `debugDescription` show. A
+    /// (`retireIfOnlyTheCascadeKeepsIt`): what `parent` and `debugDescription` show. A
     /// retired parent is kept only for the library's own walks: for the cascade's
     /// look-ups until it ends, or by a descendant in flight, for a cancel from above.
     final var parentIfReachable: AnyPromise? {
@@ -191,7 +244,7 @@ extension AnyPromise {
     ///
     /// - Parameter parent: this promise's parent, which the caller holds.
     final func linkIntoParentChain(parent: AnyPromise) {
-        if setTreeFlag(TreeFlag.linked) { parent.addToRegistry(self) }
+        _ = linkOnce(into: parent)
         // The common case ends here, without touching the reference counts: the parent is
         // a root, or linked already (pc_tree_flags_set would refuse it anyway).
         if parent.isRoot || parent.treeFlags & TreeFlag.linked != 0 { return }
@@ -202,19 +255,33 @@ extension AnyPromise {
     @inline(never)
     private static func linkAncestors(from start: AnyPromise) {
         var promise = start
-        while let up = promise.parentIfAlive, promise.setTreeFlag(TreeFlag.linked) {
-            up.addToRegistry(promise)
+        while let up = promise.parentIfAlive, promise.linkOnce(into: up) {
             if up.isRoot || up.treeFlags & TreeFlag.linked != 0 { return }
             promise = up
         }
     }
 
-    /// Pushes `child` (a descendant this thread just marked LINKED) onto the registry,
-    /// then applies a cancel that its walk may have missed.
+    /// Marks this promise linked and pushes it onto `parent`'s registry, once (false if it
+    /// was linked already). The registry's hold on its memory is taken before the mark,
+    /// so a promise marked linked has that hold for as long as its parent lives: the
+    /// retirement counts it (`retireIfOnlyTheCascadeKeepsIt`).
+    private final func linkOnce(into parent: AnyPromise) -> Bool {
+        guard treeFlags & TreeFlag.linked == 0 else { return false }
+        let pointer = Unmanaged.passUnretained(self).toOpaque()
+        SwiftRuntime.unownedRetain(pointer)  // the registry's hold on our memory
+        guard setTreeFlag(TreeFlag.linked) else {
+            SwiftRuntime.unownedRelease(pointer)  // another thread linked us first
+            return false
+        }
+        parent.addToRegistry(self)
+        return true
+    }
+
+    /// Pushes `child` (a descendant this thread just marked LINKED, holding its memory for
+    /// the registry) onto the registry, then applies a cancel that its walk may have missed.
     private final func addToRegistry(_ child: AnyPromise) {
         assert(!child.isRoot, "a root has no parent registry to be linked into")
         let childPointer = Unmanaged.passUnretained(child).toOpaque()
-        SwiftRuntime.unownedRetain(childPointer)  // the registry's hold on the child's memory
         assert(AnyPromise.owner(ofRegistryLink: child.registryLinkPointer).toOpaque() == childPointer,
                "DerivedLayout.registryLinkOffset does not find the child")
         let count = registryPush(child.registryLinkPointer)

@@ -63,7 +63,7 @@ extension AnyPromise {
     }
 
     /// Releases a rejection's error now, for a promise that nobody can read any more
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`), reporting it first if no observer read it,
+    /// (`retireIfOnlyTheCascadeKeepsIt`), reporting it first if no observer read it,
     /// as its deinit would have (nothing can read it later), and leaving the deinit, which
     /// sees `TreeFlag.retired`, nothing to do.
     ///

@@ -60,15 +60,16 @@ enum SwiftRuntime {
         swift_isUniquelyReferenced_nonNull_native(object)
     }
 
-    /// Whether the caller's strong reference is the only way to `object`, apart from
-    /// `memoryHolds` holds of its memory that the caller knows of (`unownedRetain`), in
-    /// one snapshot of its reference counts: no other strong reference, no other unowned
-    /// one, and no side table, so no `weak` reference, now or before. A user's `weak` or
+    /// Whether the `strongReferences` strong references the caller knows of (its own
+    /// among them) are the only way to `object`, apart from `memoryHolds` holds of its
+    /// memory that the caller knows of (`unownedRetain`), in one snapshot of its
+    /// reference counts: no other strong reference, no other unowned one, and no side
+    /// table, so no `weak` reference, now or before. A user's `weak` or
     /// `unowned` variable can make a strong reference at any time without going through
     /// the library, and turn it back, so the counts must be read at one instant: read one
     /// after the other, a weak reference turned strong between the two reads, and the
     /// weak one dropped, would be seen by neither. Used to free a value early
-    /// (`freeValueIfOnlyTheCascadeKeepsIt`).
+    /// (`retireIfOnlyTheCascadeKeepsIt`).
     ///
     /// Why the word itself: the runtime has no call that reads the counts together. Its
     /// layout on 64-bit targets (`RefCount.h`, `RefCountBitOffsets<8>`, stable since Swift
@@ -78,14 +79,15 @@ enum SwiftRuntime {
     /// and kept) or an immortal object; the first call checks the layout on an object of
     /// its own (`RefCountWord.layoutAsExpected`). On other targets, or if the layout
     /// changed: false (values are then freed when the cascade ends, as before).
-    static func isOnlyReference(to object: UnsafeMutableRawPointer, besidesMemoryHolds memoryHolds: Int) -> Bool {
+    static func isOnlyReference(to object: UnsafeMutableRawPointer, strongReferences: Int,
+                                besidesMemoryHolds memoryHolds: Int) -> Bool {
         #if _pointerBitWidth(_64)
         guard RefCountWord.layoutAsExpected else { return false }
         // Acquire: a reference made from a strong one that was then dropped (a release
         // decrement) is seen with that drop.
         let word = UInt64(loadWordAcquiring((object + RefCountWord.offset).assumingMemoryBound(to: UInt.self)))
         return word & RefCountWord.slowOrDeiniting == 0
-            && (word >> RefCountWord.strongExtraShift) & RefCountWord.strongExtraMask == 0
+            && (word >> RefCountWord.strongExtraShift) & RefCountWord.strongExtraMask == UInt64(strongReferences - 1)
             && (word >> RefCountWord.unownedShift) & RefCountWord.unownedMask == UInt64(1 + memoryHolds)
         #else
         return false

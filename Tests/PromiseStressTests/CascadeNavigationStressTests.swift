@@ -49,8 +49,29 @@ private func settleAndLetGo<Value>(_ holder: Locked<Promise<Value>?>, with value
     root.fulfill(value)
 }
 
+/// One step of a chain, of one of three kinds the cascade frees early in different ways:
+/// 0 a `then`; 1 a `flatMap` whose handler returns a settled promise; 2 a `flatMap` whose
+/// handler returns a promise still pending, which settles later in the same cascade.
+private func chainStep(after parent: Promise<Token>, kind: Int,
+                       _ make: @escaping @Sendable (Token) -> Token) -> Promise<Token> {
+    switch kind % 3 {
+    case 0:
+        return parent.then(on: .immediate, make)
+    case 1:
+        return parent.flatMap(on: .immediate) { Promise(value: make($0)) }
+    default:
+        return parent.flatMap(on: .immediate) { token in
+            let source = Promise<Token>()
+            let returned = source.then(on: .immediate) { $0 }
+            source.fulfill(make(token))
+            return returned
+        }
+    }
+}
+
 final class CascadeNavigationStressTests: XCTestCase {
-    /// Seat 0 fulfils the root of a 48-step `.immediate` chain and lets go of it, so only
+    /// Seat 0 fulfils the root of a 48-step `.immediate` chain (of `then` and `flatMap`
+    /// steps, `chainStep`) and lets go of it, so only
     /// the cascade keeps the steps above the leaf; seats 1 and 2 walk up from the leaf with
     /// `parent`, read each fulfilled ancestor's value, and take `leaf.root`; in one round
     /// of three, seat 2 cancels the root it found, which must cancel the steps still to run.
@@ -74,8 +95,8 @@ final class CascadeNavigationStressTests: XCTestCase {
             let leaf: Promise<Token>
             do {
                 var step = rootHolder.withLock { $0! }
-                for _ in 0..<depth {
-                    step = step.then(on: .immediate) { Token(depth: $0.depth + 1) }
+                for level in 0..<depth {
+                    step = chainStep(after: step, kind: level + round) { Token(depth: $0.depth + 1) }
                 }
                 leaf = step
             }
@@ -129,7 +150,7 @@ final class CascadeNavigationStressTests: XCTestCase {
     }
 
     /// The same race for errors: every other step of the chain throws an error that
-    /// carries a token and the next recovers, so the cascade frees rejected steps' errors
+    /// carries a token (or returns a promise rejected with one) and the next recovers, so the cascade frees rejected steps' errors
     /// early too; seats 1 and 2 walk up from the leaf, describe every ancestor and read
     /// each rejected one's error, which must be whole and the one its step threw.
     func testNavigationIntoARunningCascadeOfRejectedSteps() {
@@ -152,8 +173,10 @@ final class CascadeNavigationStressTests: XCTestCase {
             do {
                 var step = rootHolder.withLock { $0! }
                 for level in stride(from: 1, to: depth, by: 2) {
-                    step = step.then(on: .immediate) { _ -> Int in throw Thrown(token: Token(depth: level)) }
-                        .recover(on: .immediate) { ($0 as? Thrown)?.token.depth ?? -1 }
+                    let failed: Promise<Int> = (level / 2 + round) % 2 == 0
+                        ? step.then(on: .immediate) { _ -> Int in throw Thrown(token: Token(depth: level)) }
+                        : step.flatMap(on: .immediate) { _ in Promise(error: Thrown(token: Token(depth: level))) }
+                    step = failed.recover(on: .immediate) { ($0 as? Thrown)?.token.depth ?? -1 }
                 }
                 leaf = step
             }
@@ -227,7 +250,7 @@ final class CascadeNavigationStressTests: XCTestCase {
             do {
                 var step = rootHolder.withLock { $0! }
                 for level in 1...depth {
-                    step = step.then(on: .immediate) { parent -> Token in
+                    step = chainStep(after: step, kind: level + round) { parent -> Token in
                         let token = Token(depth: parent.depth + 1)
                         made[level].token = token
                         if level == depth {
@@ -284,6 +307,88 @@ final class CascadeNavigationStressTests: XCTestCase {
                 let token = try? leaf.wait()
                 checker.check(token?.depth == depth && token?.isIntact == true, "the leaf's value is wrong: \(leaf)")
             }
+            return finished
+        }
+    }
+
+    /// `flatMap` steps whose returned promises seat 1 settles while seat 0's cascade runs
+    /// the chain: a step adopts in seat 0's cascade if its promise settled before its
+    /// handler returned, else in seat 1's, which then frees early while seat 0's cascade
+    /// ends and lets go of what it kept. Seat 2 walks up from the leaf reading every
+    /// fulfilled ancestor, and holds every fourth step it finds until the round ends, whose
+    /// value must then still be whole.
+    func testNavigationIntoFlatMapStepsAdoptingOnTwoThreads() {
+        let crew = Crew(size: 3)
+        defer { crew.stop() }
+        let depth = 24
+        let reads = Atomic<Int>(0), wrong = Atomic<Int>(0)
+
+        runStressRounds("navigation into flatMap steps adopting on two threads", invariants: [
+            "every value read through parent, or kept by a reader, is intact and the one its step made",
+            "the leaf ends fulfilled with the chain's value",
+            "every value is freed once the round's promises are dropped",
+        ], details: {
+            "\(reads.load(ordering: .relaxed)) values read"
+        }) { checker in
+            let round = checker.round
+            let gates = (0..<depth).map { _ in Promise<Int>() }
+            let rootHolder = Locked<Promise<Token>?>(Promise<Token>())
+            let leaf: Promise<Token>
+            do {
+                var step = rootHolder.withLock { $0! }
+                for level in 1...depth {
+                    let gate = gates[level - 1]
+                    step = step.flatMap(on: .immediate) { parent in
+                        gate.then(on: .immediate) { _ in Token(depth: parent.depth + 1) }
+                    }
+                }
+                leaf = step
+            }
+            let kept = Locked<[(promise: Promise<Token>, level: Int)]>([])
+            let finished = crew.play { seat in
+                var random = StressRandom(round: round, seat: seat)
+                crew.barrier.arriveAndWait()
+                switch seat {
+                case 0:
+                    settleAndLetGo(rootHolder, with: Token(depth: 0), after: random.below(200))
+                case 1:
+                    for gate in gates {
+                        spin(random.below(60))
+                        gate.fulfill(0)
+                    }
+                default:
+                    for attempt in 0..<200 {
+                        var node: AnyPromise = leaf
+                        var level = depth
+                        while let up = node.parent {
+                            level -= 1
+                            node = up
+                            guard up.isFulfilled, let promise = up as? Promise<Token>,
+                                  let token = try? promise.wait() else { continue }
+                            reads.add(1, ordering: .relaxed)
+                            if !token.isIntact || token.depth != level { wrong.add(1, ordering: .relaxed) }
+                            if attempt % 4 == 0 && level % 4 == 0 { kept.withLock { $0.append((promise, level)) } }
+                        }
+                        if !leaf.isPending { break }
+                    }
+                }
+            }
+            checker.check(finished, "round hung")
+            kept.withLock { kept in
+                for (promise, level) in kept {
+                    let token = try? promise.wait()
+                    if token?.isIntact != true || token?.depth != level { wrong.add(1, ordering: .relaxed) }
+                }
+                kept.removeAll()
+            }
+            checker.check(wrong.load(ordering: .relaxed) == 0, "a value read was not the one its step made")
+            do {
+                let token = try? leaf.wait()
+                checker.check(token?.depth == depth && token?.isIntact == true, "the leaf ended \(leaf.state)")
+            }
+            _ = consume leaf
+            checker.check(Token.alive.load(ordering: .relaxed) == 0,
+                          "\(Token.alive.load(ordering: .relaxed)) values outlived their promises")
             return finished
         }
     }

@@ -82,6 +82,34 @@ final class CascadeNavigationTests: XCTestCase {
         XCTAssertEqual(read.peek, "fulfilled 7")
     }
 
+    /// The same for the steps of a `flatMap` chain, which the cascade frees once the next
+    /// step adopted: a step reached through a `weak` reference, an `unowned` one, or
+    /// held by a handler's capture, gives its value while the cascade runs.
+    func testReferencesToAFlatMapStepReadItsValueDuringItsCascade() {
+        let root = Promise<Int>()
+        let cache = WeakCell<Promise<Cell>>()
+        let read = Handoff<[String]>(nil)
+        let leaf: Promise<Int>
+        do {
+            let first = root.then(on: .immediate) { Cell($0) }
+                .flatMap(on: .immediate) { Promise(value: Cell($0.number + 1)) }
+            let weakly = first.flatMap(on: .immediate) { Promise(value: Cell($0.number + 1)) }
+            cache.value = weakly
+            let unownedly = weakly.flatMap(on: .immediate) { Promise(value: Cell($0.number + 1)) }
+            let strongly = unownedly.flatMap(on: .immediate) { Promise(value: Cell($0.number + 1)) }
+            leaf = strongly.flatMap(on: .immediate) { Promise(value: Cell($0.number + 1)) }
+                .flatMap(on: .immediate) { Promise(value: $0.number) }
+                .then(on: .immediate) { [unowned unownedly, strongly] number -> Int in
+                    let numbers = [cache.value.flatMap { try? $0.wait() }, try? unownedly.wait(), try? strongly.wait()]
+                    read.put(numbers.map { $0.map { "\($0.number)" } ?? "gone" })
+                    return number
+                }
+        }
+        root.fulfill(1)
+        XCTAssertEqual(value(leaf), 6)
+        XCTAssertEqual(read.peek, ["3", "4", "5"])
+    }
+
     /// A root settled inside a handler and held by nobody stays the tree's root while its
     /// cascade runs: `leaf.root` answers it, and its cancel reaches a branch in flight
     /// below it as well as the steps still to run.

@@ -560,6 +560,96 @@ final class LifetimeModelTests: XCTestCase {
         XCTAssertEqual(reports, [])
     }
 
+    /// The same for a chain whose steps follow the promises their handlers return
+    /// (`flatMap`), whether a handler returns a settled promise, one still pending that
+    /// settles later in the cascade, or the chain mixes `flatMap` and `then`: once a step
+    /// adopted the returned promise's outcome and the next step ran, the step before's
+    /// value is freed, not kept until the cascade ends.
+    func testImmediateFlatMapChainBuiltInAdvanceFreesEachValueOnceTheNextStepAdopted() {
+        enum Shape: CaseIterable { case returnsSettled, returnsPending, mixedWithThen }
+        for shape in Shape.allCases {
+            let tracker = LifeTracker()
+            let peak = Peak()
+            let root = Promise<Int>()
+            var step = root.then(on: .immediate) { Payload(bytes: [UInt8(truncatingIfNeeded: $0)], tracker: tracker) }
+            for _ in 0..<2_000 {
+                step = step.flatMap(on: .immediate) { payload -> Promise<Payload> in
+                    peak.record(tracker.alive)
+                    let made = Payload(bytes: payload.bytes, tracker: tracker)
+                    guard shape == .returnsPending else { return Promise(value: made) }
+                    let source = Promise<Payload>()
+                    let returned = source.then(on: .immediate) { $0 }  // runs after this handler
+                    source.fulfill(made)
+                    return returned
+                }
+                if shape == .mixedWithThen {
+                    step = step.then(on: .immediate) { payload in
+                        peak.record(tracker.alive)
+                        return Payload(bytes: payload.bytes, tracker: tracker)
+                    }
+                }
+            }
+            let leaf = step
+            root.fulfill(7)
+            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)).bytes, [7], "\(shape)")
+            XCTAssertLessThanOrEqual(peak.maximum, 4, "\(shape): every step's value stays until the cascade ends")
+            XCTAssertEqual(tracker.alive, 1, "\(shape): only the leaf's value")
+        }
+    }
+
+    /// The same for errors: a `flatMap` chain whose every handler returns a rejected
+    /// promise, each recovered by the next step, frees each adopted error once the next
+    /// step ran, and reports none as unhandled.
+    func testImmediateFlatMapChainBuiltInAdvanceFreesEachAdoptedError() throws {
+        struct Failure: Error { let payload: Payload }
+        let tracker = LifeTracker()
+        let peak = Peak()
+        let reports = try unhandledRejections(of: Failure.self) {
+            let root = Promise<Int>()
+            var step = root
+            for _ in 0..<2_000 {
+                step = step.flatMap(on: .immediate) { _ -> Promise<Int> in
+                    peak.record(tracker.alive)
+                    return Promise(error: Failure(payload: Payload(bytes: [1], tracker: tracker)))
+                }.recover(on: .immediate) { _ in 0 }
+            }
+            let leaf = step
+            root.fulfill(7)
+            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
+        }
+        XCTAssertLessThanOrEqual(peak.maximum, 4, "every step's error stays until the cascade ends")
+        XCTAssertEqual(tracker.alive, 0)
+        XCTAssertEqual(reports, [])
+    }
+
+    /// A `flatMap` step whose returned promise settles on another thread adopts there,
+    /// after the cascade that ran its handler ended: what that thread's cascade frees
+    /// early never includes a step somebody holds, and every value the chain made reaches
+    /// the leaf.
+    func testFlatMapStepsAdoptingOnAnotherThreadKeepAHeldStepsValue() {
+        let tracker = LifeTracker()
+        let root = Promise<Int>()
+        let gates = (0..<50).map { _ in Promise<Int>() }
+        var held: [Promise<Payload>] = []
+        var step = root.then(on: .immediate) { Payload(bytes: [UInt8(truncatingIfNeeded: $0)], tracker: tracker) }
+        for (index, gate) in gates.enumerated() {
+            step = step.flatMap(on: .immediate) { payload in
+                gate.then(on: .immediate) { _ in Payload(bytes: payload.bytes + [UInt8(index)], tracker: tracker) }
+            }
+            if index % 5 == 0 { held.append(step) }
+        }
+        let leaf = step
+        root.fulfill(1)
+        let opener = Thread { for gate in gates { gate.fulfill(0) } }
+        opener.start()
+        XCTAssertEqual(try leaf.wait(timeout: .seconds(10)).bytes, [1] + (0..<50).map { UInt8($0) })
+        for (number, step) in held.enumerated() {
+            XCTAssertEqual(try step.wait(timeout: .seconds(10)).bytes.count, 2 + 5 * number, "a held step's value")
+        }
+        held.removeAll()
+        XCTAssertEqual(tracker.alive, 1, "only the leaf's value")
+    }
+
     /// A step's error freed early, which its child read only by passing it on (`then`
     /// runs only on a value), is no unhandled rejection: the pass counts as reading it.
     func testAnErrorPassedOnAndFreedEarlyIsNoUnhandledRejection() throws {

@@ -61,6 +61,7 @@
  *                   or any thread to run a node now
  *   pc_keep_until_cascade_end  any thread (false     wait-free (thread-local; amortised
  *                   outside a trampoline scope)      O(1), an allocation past 32 kept)
+ *   pc_cascade_keeps_last  any thread                wait-free (thread-local, two loads)
  *   pc_inline_*     any thread, begin/end paired     wait-free (one load, thread-local)
  *   pc_cascade_*    any thread, watch/end paired     wait-free (thread-local)
  *   pc_scope_opened_by  any thread                   wait-free (thread-local)
@@ -282,6 +283,14 @@ typedef void (*pc_release_fn)(void *_Nonnull item);
 /* Runs queued work (pc_context_run_later, pc_overlay.h). */
 typedef void (*pc_run_fn)(void *_Nonnull item);
 bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);
+
+/*
+ * Whether the newest item this thread keeps until its cascade ends is `item`, kept with
+ * `release`: then it stays kept, with the reference that keep holds, until this thread's
+ * cascade ends (only this thread releases it). The overlay counts that reference when it
+ * decides whether only the cascade still holds a promise. False outside a scope.
+ */
+bool pc_cascade_keeps_last(const void *_Nonnull item, pc_release_fn _Nonnull release);
 
 /*
  * The cascade watch: whether the handler this thread is about to run settles its own
