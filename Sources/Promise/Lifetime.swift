@@ -59,17 +59,23 @@ extension AnyPromise {
         // Acquire: `resolve(with:)` on another thread may record a followee meanwhile.
         // (A handler's child is a derived promise: its word is in its lineage.)
         guard lineageFolloweeWordValue == 0 else { return false }
+        // The common case (an `Int`, say) as before: nothing to free, one load.
+        guard parentRetain._withUnsafeGuaranteedRef({ $0.outcomeFreeableEarly }) else {
+            return keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise)
+        }
+        return AnyPromise.keepAndRetireIfOnlyTheCascadeKeepsIt(parentRetain)
+    }
+
+    /// `keepParentUntilCascadeEnds` for a parent whose value or error needs freeing.
+    @inline(never)
+    private static func keepAndRetireIfOnlyTheCascadeKeepsIt(_ parentRetain: Unmanaged<AnyPromise>) -> Bool {
         // Before our keep goes on top: whether the parent left flight inside this cascade
         // and keeps itself until it ends (a follower whose publish fired this child). The
         // parent is borrowed, never copied: a copy is a reference the counts would see.
-        let freeable = parentRetain._withUnsafeGuaranteedRef { $0.outcomeFreeableEarly }
-        let parentKeepsItself = freeable
-            && parentRetain._withUnsafeGuaranteedRef { cascadeKeepsLast($0, then: dropKeptSelfHold) }
+        let parentKeepsItself = parentRetain._withUnsafeGuaranteedRef { cascadeKeepsLast($0, then: dropKeptSelfHold) }
         guard keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
-        if freeable {
-            parentRetain._withUnsafeGuaranteedRef {
-                $0.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: parentKeepsItself ? 2 : 1, pathHeld: parentKeepsItself)
-            }
+        parentRetain._withUnsafeGuaranteedRef {
+            $0.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: parentKeepsItself ? 2 : 1, pathHeld: parentKeepsItself)
         }
         return true
     }
