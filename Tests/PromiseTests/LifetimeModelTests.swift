@@ -640,9 +640,14 @@ final class LifetimeModelTests: XCTestCase {
         }
         let leaf = step
         root.fulfill(1)
-        let opener = Thread { for gate in gates { gate.fulfill(0) } }
+        let openerDone = DispatchSemaphore(value: 0)
+        let opener = Thread {
+            for gate in gates { gate.fulfill(0) }
+            openerDone.signal()  // its last fulfil's cascade, which settled the leaf, has ended
+        }
         opener.start()
         XCTAssertEqual(try leaf.wait(timeout: .seconds(10)).bytes, [1] + (0..<50).map { UInt8($0) })
+        XCTAssertEqual(openerDone.wait(timeout: .now() + 10), .success)
         for (number, step) in held.enumerated() {
             XCTAssertEqual(try step.wait(timeout: .seconds(10)).bytes.count, 2 + 5 * number, "a held step's value")
         }
