@@ -2714,6 +2714,14 @@ init {
  * 1), `weak` and `sidetable` as the runtime keeps them; each d_step is one atomic
  * operation of the runtime or the core.
  *
+ * In some runs S is a step that followed its handler's returned promise and adopted in
+ * the cascade (`flatMap`): the retirer then expects two strong references (S's own keep,
+ * its newest, and the hold its following child took on the path, both dropped only at
+ * the cascade's end) and two unowned holds (the child's link up, and S's link in its
+ * parent's registry, kept while S's holds keep that parent). And in some runs the user
+ * holds S from the start (a strong reference the library never sees taken), reads its
+ * value at any time and lets go.
+ *
  * Properties: no value is read after it was freed; it is freed at most once; a reader
  * that took S for gone (saw RETIRED) was right: at the end the value is freed (`root`
  * walks past such a step, and `parent` hides it, for good); RETIRED is set only if the
@@ -2725,11 +2733,16 @@ init {
  * its weak one dropped, is seen by neither); -DBROKEN_RETIRE_FLAG_NOT_FINAL has one flag,
  * RETIRED, set before the second snapshot and cleared if it fails, and readers do not
  * wait (a reader that saw it set then took S for gone, though its own reference made the
- * retirer keep the value).
+ * retirer keep the value); -DBROKEN_RETIRE_COUNTS_A_PASSING_HOLD counts, for the follower
+ * shape, a hold that another thread may drop at any time (a child's hold not kept by the
+ * cascade): the user's reference then takes its place in the snapshot.
  * ====================================================================================== */
 
-byte strong = 1;     /* the cascade's reference */
-byte unowned = 1;    /* the kept child's link up */
+byte strong = 1;     /* the cascade's reference(s) */
+byte unowned = 1;    /* the kept child's link up (and S's registry link) */
+byte expectStrong = 1;
+byte expectUnowned = 1;
+byte cascadeDrops = 1;   /* the counted references the cascade's end drops */
 byte weak;           /* the flipping reader's, when it runs */
 bit  sidetable;      /* made for that weak reference, kept for good */
 bit  retiring;
@@ -2739,17 +2752,17 @@ bit  skipped;        /* a reader took S for gone */
 
 inline onlyReference(answer) {
 #ifdef BROKEN_RETIRE_SEPARATE_READS
-    d_step { answer = strong == 1 };                  /* swift_isUniquelyReferenced */
+    d_step { answer = strong == expectStrong };       /* swift_retainCount */
     if
     :: answer -> d_step { answer = weak == 0 }        /* swift_weakRetainCount */
     :: else
     fi;
     if
-    :: answer -> d_step { answer = unowned == 1 }     /* swift_unownedRetainCount */
+    :: answer -> d_step { answer = unowned == expectUnowned }  /* swift_unownedRetainCount */
     :: else
     fi
 #else
-    d_step { answer = strong == 1 && unowned == 1 && !sidetable }   /* one word */
+    d_step { answer = strong == expectStrong && unowned == expectUnowned && !sidetable }   /* one word */
 #endif
 }
 
@@ -2774,7 +2787,18 @@ proctype Retirer() {
         fi
     :: else
     fi;
-    d_step { strong-- }                               /* the cascade ends */
+    d_step { strong = strong - cascadeDrops }         /* the cascade ends */
+}
+
+/* BROKEN_RETIRE_COUNTS_A_PASSING_HOLD: the counted hold the cascade does not keep goes. */
+proctype PassingHold() {
+    d_step { strong-- }
+}
+
+/* The user's own reference, held from the start: a read at any time, then let go. */
+proctype UserHolder() {
+    assert(!freed);
+    d_step { strong-- }
 }
 
 inline tryRetain(got) {
@@ -2829,6 +2853,20 @@ init {
     atomic {
         if                                            /* with or without a user's weak reference */
         :: weak = 1; sidetable = 1; run FlippingReader()
+        :: skip
+        fi;
+        if                                            /* a `then` step, or a `flatMap` step */
+        :: skip
+        :: strong = 2; unowned = 2; expectStrong = 2; expectUnowned = 2; cascadeDrops = 2
+        fi;
+#ifdef BROKEN_RETIRE_COUNTS_A_PASSING_HOLD
+        if
+        :: expectStrong == 2 -> cascadeDrops = 1; run PassingHold()
+        :: else
+        fi;
+#endif
+        if                                            /* with or without a user's reference */
+        :: strong++; run UserHolder()
         :: skip
         fi;
         run Retirer();
