@@ -140,7 +140,9 @@ extension AnyPromise {
     /// A cancelled promise waits for nothing any more: its registrations on promises
     /// still pending leave them (amortised: `observerGaveUp` prunes once enough have
     /// given up), so a long-lived promise whose children are cancelled one by one keeps a
-    /// bounded number of them, and none of their handlers' captures. Those are its own
+    /// bounded number of them, with their handlers' captures, until the prune that takes
+    /// them off (every so many give-ups: at least `RareState.minimumGaveUpBeforePrune`,
+    /// or as many as the last prune kept). Those are its own
     /// node on its parent (a child whose handler has not run), and the registration on a
     /// promise it follows without owning it (`resolve(with:)`; one a handler returned is
     /// cancelled with it, which settles it). A child whose handler has an error side stays:

@@ -477,3 +477,41 @@ final class Handoff<T>: @unchecked Sendable {
         }
     }
 }
+
+// MARK: Outcomes that tell a rejection with PromiseError.timedOut from a wait that ran out
+
+/// The outcome of `promise` once it settles, or nil if it does not within `timeout`.
+/// Unlike `value(_:)` and `error(_:)`, a promise rejected with `PromiseError.timedOut`
+/// reads as that failure, not as a wait that timed out.
+func outcome<T>(_ promise: Promise<T>, timeout: TimeInterval = testTimeoutSeconds) -> Result<T, any Error>? {
+    let box = Recorder<Result<T, any Error>>()
+    let done = DispatchSemaphore(value: 0)
+    promise.whenComplete(on: .immediate) { box.append($0); done.signal() }
+    guard done.wait(timeout: .now() + timeout) == .success else { return nil }
+    return box.values.first
+}
+
+/// The name of a `PromiseError`'s case, or nil for any other error.
+func promiseErrorCase(_ error: (any Error)?) -> String? {
+    guard let error = error as? PromiseError else { return nil }
+    switch error {
+    case .timedOut: return "timedOut"
+    case .validationFailure: return "validationFailure"
+    case .allRejected: return "allRejected"
+    case .brokenPromise: return "brokenPromise"
+    case .cycle: return "cycle"
+    case .invalidArgument: return "invalidArgument"
+    }
+}
+
+/// True if `result` is a failure with the same `PromiseError` case as `expected`.
+func isPromiseError<T>(_ result: Result<T, any Error>?, _ expected: PromiseError) -> Bool {
+    guard case .failure(let error)? = result else { return false }
+    return promiseErrorCase(error) == promiseErrorCase(expected)
+}
+
+/// The error of a failed `result`, nil for a value or no result.
+func failure<T>(_ result: Result<T, any Error>?) -> (any Error)? {
+    if case .failure(let error)? = result { return error }
+    return nil
+}
