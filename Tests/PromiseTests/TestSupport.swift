@@ -509,9 +509,3 @@ func isPromiseError<T>(_ result: Result<T, any Error>?, _ expected: PromiseError
     guard case .failure(let error)? = result else { return false }
     return promiseErrorCase(error) == promiseErrorCase(expected)
 }
-
-/// The error of a failed `result`, nil for a value or no result.
-func failure<T>(_ result: Result<T, any Error>?) -> (any Error)? {
-    if case .failure(let error)? = result { return error }
-    return nil
-}
