@@ -74,10 +74,28 @@ extension AnyPromise {
         // parent is borrowed, never copied: a copy is a reference the counts would see.
         let parentKeepsItself = parentRetain._withUnsafeGuaranteedRef { cascadeKeepsLast($0, then: dropKeptSelfHold) }
         guard keepUntilCascadeEnds(parentRetain, then: releaseKeptPromise) else { return false }
-        parentRetain._withUnsafeGuaranteedRef {
-            $0.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: parentKeepsItself ? 2 : 1, pathHeld: parentKeepsItself)
+        parentRetain._withUnsafeGuaranteedRef { parent in
+            // Its keep holds it until the cascade ends, but its own hold on its path only
+            // if no other thread may drop that hold meanwhile (`adoptedFromItsHandlersPromise`).
+            parent.retireIfOnlyTheCascadeKeepsIt(cascadeReferences: parentKeepsItself ? 2 : 1,
+                                                 pathHeld: parentKeepsItself && parent.adoptedFromItsHandlersPromise)
         }
         return true
+    }
+
+    /// Whether this derived promise adopted the outcome of the promise its handler
+    /// returned (`follow`; the followee link's `forwardsCancel`, which only `follow`
+    /// records), or was rejected there as a cycle: then it went in flight, its own hold
+    /// taken, before it registered on that promise, so before the publish that saw the
+    /// hold, and no later call puts it in flight again. Only its keep's end
+    /// (`dropKeptSelfHold`) drops that hold, and the path above it stays held until then.
+    /// Not so for a promise that went in flight otherwise: a thread putting it in flight
+    /// while it was settled by a cancel or by its holder drops the hold it took, at any
+    /// time (`holdPathWhileInFlight`).
+    final var adoptedFromItsHandlersPromise: Bool {
+        guard lineageFolloweeWordValue & FolloweeLink.forwardsCancel != 0 else { return false }
+        let claimed = claimHint
+        return claimed == UInt(PC_FULFILLED) || claimed == UInt(PC_REJECTED)
     }
 
     /// The same for a child that followed the promise its handler returned (`flatMap`)
@@ -89,20 +107,14 @@ extension AnyPromise {
     /// once the next step adopted, as a `then` chain does once the next step ran.
     ///
     /// The references counted must stay until the cascade ends, or a user's reference
-    /// could take the place of one let go meanwhile. This child's hold does: it was taken
-    /// when the child went in flight, in `follow` at the latest, before the child
-    /// registered on the promise it adopted from (a handler's returned promise: the
-    /// followee link's `forwardsCancel`, which only `follow` records), so before this
-    /// publish saw it, and no later call puts the child in flight again; only the
-    /// cascade's end drops it. It holds the parent itself (not found dead: no
-    /// `PC_HOLDS_GONE`). The parent's own keep is counted only when it is this thread's
-    /// newest keep (`cascadeKeepsLast`). A child settled by a cancel (whose claim may race
-    /// a thread putting it in flight), or any other promise leaving flight, frees nothing
-    /// here.
+    /// could take the place of one let go meanwhile. This child's hold does
+    /// (`adoptedFromItsHandlersPromise`): only the cascade's end drops it. It holds the
+    /// parent itself (not found dead: no `PC_HOLDS_GONE`), and keeps the parent's holds,
+    /// so the parent's path, until then. The parent's own keep is counted only when it is
+    /// this thread's newest keep (`cascadeKeepsLast`). A child settled by a cancel, or any
+    /// other promise leaving flight, frees nothing here.
     final func freeParentValueOnceAdopted() {
-        guard lineageFolloweeWordValue & FolloweeLink.forwardsCancel != 0 else { return }
-        let claimed = claimHint
-        guard claimed == UInt(PC_FULFILLED) || claimed == UInt(PC_REJECTED) else { return }
+        guard adoptedFromItsHandlersPromise else { return }
         let holds = holdsWord
         guard holds & UInt(PC_HOLDS_SELF) != 0, holds & UInt(PC_HOLDS_GONE) == 0,
               let parentAddress else { return }
@@ -152,9 +164,10 @@ extension AnyPromise {
     /// path, and this promise's own keep when it left flight in this cascade), and of its
     /// memory the link up of the child that ran, and, if this promise is linked into its
     /// parent's registry, that link (taken before the mark, so a linked promise has it
-    /// while the parent lives). That parent lives on only where this promise's own holds
-    /// keep it (`pathHeld`: its own keep or the child's hold keeps them, and its parent is
-    /// no root and was not found dead); otherwise a linked promise keeps its value.
+    /// while the parent lives). That parent lives on only where this promise's holds keep
+    /// it until the cascade ends (`pathHeld`: its own hold, which no other thread may drop,
+    /// or the hold of the child that adopted; its parent is no root and was not found
+    /// dead); otherwise a linked promise keeps its value.
     ///
     /// Cost: one load and a branch for a value with nothing to free (an `Int`, checked by
     /// the callers); otherwise two loads of the count word, two read-modify-writes of the
