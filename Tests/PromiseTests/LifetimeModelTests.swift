@@ -536,28 +536,38 @@ final class LifetimeModelTests: XCTestCase {
     }
 
     /// The same for errors: a chain built before its root settled whose every step throws
-    /// and recovers frees each step's error once the next step ran. The errors were read
-    /// (recovered), so none is reported as unhandled, early or late.
+    /// (or, in a `flatMap` chain, returns a rejected promise) and recovers frees each
+    /// step's error once the next step ran. The errors were read (recovered), so none is
+    /// reported as unhandled, early or late.
     func testImmediateChainBuiltInAdvanceFreesEachErrorOnceTheNextRan() throws {
         struct Failure: Error { let payload: Payload }
-        let tracker = LifeTracker()
-        let peak = Peak()
-        let reports = try unhandledRejections(of: Failure.self) {
-            let root = Promise<Int>()
-            var step = root
-            for _ in 0..<2_000 {
-                step = step.then(on: .immediate) { _ -> Int in
-                    peak.record(tracker.alive)
-                    throw Failure(payload: Payload(bytes: [1], tracker: tracker))
-                }.recover(on: .immediate) { _ in 0 }
+        for adopts in [false, true] {
+            let tracker = LifeTracker()
+            let peak = Peak()
+            let reports = try unhandledRejections(of: Failure.self) {
+                let root = Promise<Int>()
+                var step = root
+                for _ in 0..<2_000 {
+                    let failed: Promise<Int> = adopts
+                        ? step.flatMap(on: .immediate) { _ in
+                            peak.record(tracker.alive)
+                            return Promise(error: Failure(payload: Payload(bytes: [1], tracker: tracker)))
+                        }
+                        : step.then(on: .immediate) { _ -> Int in
+                            peak.record(tracker.alive)
+                            throw Failure(payload: Payload(bytes: [1], tracker: tracker))
+                        }
+                    step = failed.recover(on: .immediate) { _ in 0 }
+                }
+                let leaf = step
+                root.fulfill(7)
+                XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
             }
-            let leaf = step
-            root.fulfill(7)
-            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
+            let kind = adopts ? "flatMap" : "then"
+            XCTAssertLessThanOrEqual(peak.maximum, 4, "\(kind): every step's error stays until the cascade ends")
+            XCTAssertEqual(tracker.alive, 0, kind)
+            XCTAssertEqual(reports, [], kind)
         }
-        XCTAssertLessThanOrEqual(peak.maximum, 4, "every step's error stays until the cascade ends")
-        XCTAssertEqual(tracker.alive, 0)
-        XCTAssertEqual(reports, [])
     }
 
     /// The same for a chain whose steps follow the promises their handlers return
@@ -595,31 +605,6 @@ final class LifetimeModelTests: XCTestCase {
             XCTAssertLessThanOrEqual(peak.maximum, 4, "\(shape): every step's value stays until the cascade ends")
             XCTAssertEqual(tracker.alive, 1, "\(shape): only the leaf's value")
         }
-    }
-
-    /// The same for errors: a `flatMap` chain whose every handler returns a rejected
-    /// promise, each recovered by the next step, frees each adopted error once the next
-    /// step ran, and reports none as unhandled.
-    func testImmediateFlatMapChainBuiltInAdvanceFreesEachAdoptedError() throws {
-        struct Failure: Error { let payload: Payload }
-        let tracker = LifeTracker()
-        let peak = Peak()
-        let reports = try unhandledRejections(of: Failure.self) {
-            let root = Promise<Int>()
-            var step = root
-            for _ in 0..<2_000 {
-                step = step.flatMap(on: .immediate) { _ -> Promise<Int> in
-                    peak.record(tracker.alive)
-                    return Promise(error: Failure(payload: Payload(bytes: [1], tracker: tracker)))
-                }.recover(on: .immediate) { _ in 0 }
-            }
-            let leaf = step
-            root.fulfill(7)
-            XCTAssertEqual(try leaf.wait(timeout: .seconds(10)), 0)
-        }
-        XCTAssertLessThanOrEqual(peak.maximum, 4, "every step's error stays until the cascade ends")
-        XCTAssertEqual(tracker.alive, 0)
-        XCTAssertEqual(reports, [])
     }
 
     /// A `flatMap` step whose returned promise settles on another thread adopts there,
