@@ -951,4 +951,3 @@ func electOnce(_ flag: UnsafeMutablePointer<UInt>) -> Bool {
 func registerRawNode(_ node: UnsafeMutablePointer<pc_node>, on promise: AnyPromise) {
     pc_observe(promise.corePointer, node)
 }
-
