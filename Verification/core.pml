@@ -2719,8 +2719,8 @@ init {
  * its newest, and the hold its following child took on the path, both dropped only at
  * the cascade's end) and two unowned holds (the child's link up, and S's link in its
  * parent's registry, kept while S's holds keep that parent). And in some runs the user
- * holds S from the start (a strong reference the library never sees taken), reads its
- * value at any time and lets go.
+ * holds S from the start (a strong reference the library never sees taken, or an
+ * `unowned` one it turns strong later), reads its value at any time and lets go.
  *
  * Properties: no value is read after it was freed; it is freed at most once; a reader
  * that took S for gone (saw RETIRED) was right: at the end the value is freed (`root`
@@ -2735,7 +2735,11 @@ init {
  * wait (a reader that saw it set then took S for gone, though its own reference made the
  * retirer keep the value); -DBROKEN_RETIRE_COUNTS_A_PASSING_HOLD counts, for the follower
  * shape, a hold that another thread may drop at any time (a child's hold not kept by the
- * cascade): the user's reference then takes its place in the snapshot.
+ * cascade): the user's reference then takes its place in the snapshot;
+ * -DBROKEN_RETIRE_COUNTS_A_PASSING_LINK counts S's registry link while nothing keeps S's
+ * parent alive (S's own hold dropped by the thread that put it in flight): the parent
+ * dies, the link's hold on S's memory goes, and the user's `unowned` reference takes its
+ * place.
  * ====================================================================================== */
 
 byte strong = 1;     /* the cascade's reference(s) */
@@ -2808,6 +2812,24 @@ inline tryRetain(got) {
     }
 }
 
+/* The user's `unowned` reference, held from the start: later it makes a strong one
+ * (swift_unownedRetainStrong, a try), reads, and lets both go. */
+proctype UserUnowned() {
+    bool got;
+    tryRetain(got);
+    if
+    :: got -> assert(!freed); d_step { strong-- }
+    :: else
+    fi;
+    d_step { unowned-- }
+}
+
+/* BROKEN_RETIRE_COUNTS_A_PASSING_LINK: S's parent dies, and its registry's hold on S's
+ * memory goes, while the retirer still counts it. */
+proctype PassingLink() {
+    d_step { unowned-- }
+}
+
 proctype LinkReader() {
     bool got;
     tryRetain(got);                                   /* `parent`: through the link */
@@ -2867,8 +2889,15 @@ init {
 #endif
         if                                            /* with or without a user's reference */
         :: strong++; run UserHolder()
+        :: unowned++; run UserUnowned()
         :: skip
         fi;
+#ifdef BROKEN_RETIRE_COUNTS_A_PASSING_LINK
+        if
+        :: expectUnowned == 2 -> run PassingLink()
+        :: else
+        fi;
+#endif
         run Retirer();
         run LinkReader()
     }

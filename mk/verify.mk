@@ -147,6 +147,7 @@ $(eval $(call verify_run,broken-retire-no-recheck,fail,-DRETIRE_MODEL -DBROKEN_R
 $(eval $(call verify_run,broken-retire-separate-reads,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_SEPARATE_READS,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-flag-not-final,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_FLAG_NOT_FINAL,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-retire-counts-a-passing-hold,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_COUNTS_A_PASSING_HOLD,$(PAN_BROKEN),-m100000 -I))
+$(eval $(call verify_run,broken-retire-counts-a-passing-link,fail,-DRETIRE_MODEL -DBROKEN_RETIRE_COUNTS_A_PASSING_LINK,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-park-no-recheck,fail,-DPARK_MODEL -DBROKEN_PARK_NO_RECHECK,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-park-no-fence,fail,-DPARK_MODEL -DBROKEN_PARK_NO_FENCE,$(PAN_BROKEN),-m100000 -I))
 $(eval $(call verify_run,broken-lifetime-carrier-skips-registry,fail,-DLIFETIME_MODEL -DBROKEN_CARRIER_SKIPS_REGISTRY,$(PAN_BROKEN),-m100000 -I))
