@@ -669,6 +669,8 @@ enum TreeFlag {
     static var retired: UInt { UInt(PC_TREE_RETIRED) }
     static var retiring: UInt { UInt(PC_TREE_RETIRING) }
     static var walkedThrough: UInt { UInt(PC_TREE_WALKED_THROUGH) }
+    /// Derived promises only (a root's is `PC_TREE_FIRST_OBSERVER`, the same bit).
+    static var adopted: UInt { UInt(PC_TREE_ADOPTED) }
 }
 
 /// The walk epoch (`pc_walk_epoch`): moves when a pending child that a cycle check's walk

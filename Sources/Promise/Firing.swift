@@ -100,6 +100,7 @@ extension AnyPromise {
                 // The parent if it is still alive: the handler that made us follow is done
                 // and dropped its hold (a dead parent has nothing to pass down any more).
                 fillClaimedOutcome(tag, copying: source, lookingAbove: parentIfAlive)
+                _ = setTreeFlag(TreeFlag.adopted)  // before the publish; see `adoptedFromItsHandlersPromise`
                 deferOnThisThread()  // publishes right after the current firing
             } else {
                 retained.release()  // cancelled while following: nothing to adopt

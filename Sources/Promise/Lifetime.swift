@@ -85,17 +85,17 @@ extension AnyPromise {
 
     /// Whether this derived promise adopted the outcome of the promise its handler
     /// returned (`follow`; the followee link's `forwardsCancel`, which only `follow`
-    /// records), or was rejected there as a cycle: then it went in flight, its own hold
-    /// taken, before it registered on that promise, so before the publish that saw the
-    /// hold, and no later call puts it in flight again. Only its keep's end
-    /// (`dropKeptSelfHold`) drops that hold, and the path above it stays held until then.
-    /// Not so for a promise that went in flight otherwise: a thread putting it in flight
-    /// while it was settled by a cancel or by its holder drops the hold it took, at any
-    /// time (`holdPathWhileInFlight`).
+    /// records), on this thread, which published it: then it went in flight, its own hold
+    /// taken, before it registered on that promise, so before the adoption, and no later
+    /// call puts it in flight again. Only its keep's end (`dropKeptSelfHold`) drops that
+    /// hold, and the path above it stays held until then. Not so for a promise settled
+    /// otherwise: the thread putting it in flight drops the hold it took if it sees the
+    /// promise settled meanwhile (`holdPathWhileInFlight`), at any time: a cancel, a
+    /// holder's settle, or a cycle's rejection from the thread of a combinator's input,
+    /// which may come while `follow` is still taking the hold. The adopting thread sets
+    /// `TreeFlag.adopted` after its claim, before it publishes.
     final var adoptedFromItsHandlersPromise: Bool {
-        guard lineageFolloweeWordValue & FolloweeLink.forwardsCancel != 0 else { return false }
-        let claimed = claimHint
-        return claimed == UInt(PC_FULFILLED) || claimed == UInt(PC_REJECTED)
+        lineageFolloweeWordValue & FolloweeLink.forwardsCancel != 0 && treeFlags & TreeFlag.adopted != 0
     }
 
     /// The same for a child that followed the promise its handler returned (`flatMap`)

@@ -54,6 +54,10 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_CANCEL_PUBLISHED 4u /* ...and its reason is stored: descendants that show up
                                          in the registry later must be cancelled too */
 #define PC_TREE_FIRST_OBSERVER 8u   /* a root's node is taken (never cleared) */
+#define PC_TREE_ADOPTED 8u          /* the same bit on a derived promise, which has no first
+                                       observer: it took the outcome of the promise it
+                                       follows (the overlay's retirement counts the hold it
+                                       took before, which nothing but its publisher drops) */
 #define PC_TREE_ERROR_SEEN 16u      /* an observer read this rejected promise's error (the
                                        overlay's diagnostics: an unhandled rejection is one
                                        freed without it) */
