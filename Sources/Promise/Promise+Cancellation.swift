@@ -204,9 +204,13 @@ extension AnyPromise {
     @usableFromInline
     final func leavePendingParent(_ parent: AnyPromise) {
         // Only a child whose own node is on the parent's list (a `timeout` child's is not:
-        // it waits in the parent's waiter list, which it leaves by itself). Its role is
-        // written before it is shared, and a settled child's never changes.
-        guard role == .continuation, claimHint != UInt(PC_CANCELLED), parent.isPending else { return }
+        // it waits in the parent's waiter list, which it leaves by itself). The parent's
+        // state first: the role is written before the child is shared, and again only by
+        // `follow`, on the thread whose handler ran, so after the parent settled, and while
+        // that thread may still be linking: a settler that took the claim over from
+        // FOLLOWING (a cycle's rejection from a combinator's input) read that claim, which
+        // came after the parent's publish, so it sees the parent settled and reads no role.
+        guard parent.isPending, role == .continuation, claimHint != UInt(PC_CANCELLED) else { return }
         linkIntoParentChain(parent: parent)
         _ = setTreeFlag(TreeFlag.leftParent)
         parent.observerGaveUp()
@@ -237,8 +241,10 @@ extension AnyPromise {
     /// parent is pending (one load through its held memory, no retain) and alive.
     @usableFromInline @inline(never)
     final func leaveParentIfPending() {
-        guard role == .continuation, claimHint != UInt(PC_CANCELLED), let address = parentAddress,
-              HeldMemory.isPendingPromise(at: address), let parent = HeldMemory.promiseIfAlive(at: address)
+        // The parent's state before the role, as `leavePendingParent` says why.
+        guard let address = parentAddress, HeldMemory.isPendingPromise(at: address),
+              role == .continuation, claimHint != UInt(PC_CANCELLED),
+              let parent = HeldMemory.promiseIfAlive(at: address)
         else { return }
         leavePendingParent(parent)
     }
