@@ -10,49 +10,10 @@ import XCTest
 // returned promises, cancelling steps and walking `parent`. No value or error read may be
 // freed or wrong.
 
-/// A value whose memory tells whether it is still whole (see the flatMap retire tests).
-private final class Whole: @unchecked Sendable, CustomStringConvertible {
-    private static let lock = NSLock()
-    nonisolated(unsafe) private static var count = 0
-
-    private var number: Int
-    private var check: Int
-    private var state: UInt64
-
-    init(_ number: Int) {
-        self.number = number
-        check = ~number
-        state = 0x5EA1_ED5E_A1ED_0002
-        Whole.lock.withLock { Whole.count += 1 }
-    }
-
-    deinit {
-        state = 0xDEAD_DEAD_DEAD_DEAD
-        number = -7
-        check = -7
-        Whole.lock.withLock { Whole.count -= 1 }
-    }
-
-    static var living: Int { lock.withLock { count } }
-
-    var intactNumber: Int? {
-        guard state == 0x5EA1_ED5E_A1ED_0002, check == ~number else { return nil }
-        return number
-    }
-
-    var description: String { "Whole(\(number))" }
-}
-
-/// An error that carries a `Whole`: an error freed early reads as not whole.
+/// An error that carries a `Sealed`: an error freed early reads as not whole.
 private struct WholeError: Error, @unchecked Sendable {
-    let whole: Whole
-    init(_ number: Int) { whole = Whole(number) }
-}
-
-private func expectWhole(_ value: Whole?, _ number: Int, _ what: String, _ problems: Recorder<String>) {
-    guard let value else { return problems.append("\(what): no value") }
-    guard let read = value.intactNumber else { return problems.append("\(what): value not whole (freed?)") }
-    if read != number { problems.append("\(what): read \(read), expected \(number)") }
+    let whole: Sealed
+    init(_ number: Int) { whole = Sealed(number) }
 }
 
 private func expectWholeError(_ error: any Error, _ number: Int, _ what: String, _ problems: Recorder<String>) {
@@ -64,18 +25,18 @@ private func expectWholeError(_ error: any Error, _ number: Int, _ what: String,
 
 /// Holds a promise `unowned`, and reads it without trapping once it began dying.
 private final class UnownedBox: @unchecked Sendable {
-    unowned let promise: Promise<Whole>
+    unowned let promise: Promise<Sealed>
     let address: UnsafeMutableRawPointer
     let number: Int
-    init(_ promise: Promise<Whole>, _ number: Int) {
+    init(_ promise: Promise<Sealed>, _ number: Int) {
         self.promise = promise
         address = Unmanaged.passUnretained(promise).toOpaque()
         self.number = number
     }
 
-    func ifAlive<Result>(_ body: (Promise<Whole>) -> Result) -> Result? {
+    func ifAlive<Result>(_ body: (Promise<Sealed>) -> Result) -> Result? {
         guard let retained = SwiftRuntime.tryRetain(address) else { return nil }
-        return body(Unmanaged<Promise<Whole>>.fromOpaque(retained).takeRetainedValue())
+        return body(Unmanaged<Promise<Sealed>>.fromOpaque(retained).takeRetainedValue())
     }
 
     /// Reads the value if the promise is alive and fulfilled: it must be whole.
@@ -98,9 +59,9 @@ private extension Promise {
 }
 
 private final class RetireWeakBox: @unchecked Sendable {
-    weak var promise: Promise<Whole>?
+    weak var promise: Promise<Sealed>?
     let number: Int
-    init(_ promise: Promise<Whole>, _ number: Int) { self.promise = promise; self.number = number }
+    init(_ promise: Promise<Sealed>, _ number: Int) { self.promise = promise; self.number = number }
 }
 
 /// A context that runs work at once, inside `execute` (a broken contract the library
@@ -109,27 +70,20 @@ private struct RetireInlineContext: ExecutionContext {
     func execute(_ work: @escaping @Sendable () -> Void) { work() }
 }
 
-/// A tiny deterministic generator, so that a failing round can be replayed.
-private struct SplitMix {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
+/// A draw below `bound` from the library's generator, so that a failing round can be
+/// replayed from its seed.
+extension SplitMix64 {
+    fileprivate mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
 }
 
 /// The steps of one random tree, and what the test holds of them.
 private final class Tree: @unchecked Sendable {
-    var steps: [(promise: Promise<Whole>, number: Int)] = []
-    var strong: [(Promise<Whole>, Int)] = []
+    var steps: [(promise: Promise<Sealed>, number: Int)] = []
+    var strong: [(Promise<Sealed>, Int)] = []
     var unowned: [UnownedBox] = []
     var weak: [RetireWeakBox] = []
     /// Promises another thread settles (returned by handlers, or followed).
-    var gates: [(Promise<Whole>, Int)] = []
+    var gates: [(Promise<Sealed>, Int)] = []
     var intGates: [Promise<Int>] = []
     var keep: [AnyObject] = []
 }
@@ -143,56 +97,56 @@ private enum Kind: Int, CaseIterable {
 
 final class AdversarialRetireCountsTests: XCTestCase {
     override func tearDown() {
-        XCTAssertTrue(eventually(timeout: 30.0) { Whole.living == 0 }, "\(Whole.living) values outlived their promises")
+        XCTAssertTrue(eventually(timeout: 30.0) { Sealed.living == 0 }, "\(Sealed.living) values outlived their promises")
         super.tearDown()
     }
 
     /// Adds a step of `kind` below `parent` (expected value `expected`), numbered `number`.
-    private func addStep(_ kind: Kind, below parent: Promise<Whole>, expected: Int, number: Int,
-                         tree: Tree, readers: [UnownedBox], problems: Recorder<String>) -> (Promise<Whole>, Int) {
+    private func addStep(_ kind: Kind, below parent: Promise<Sealed>, expected: Int, number: Int,
+                         tree: Tree, readers: [UnownedBox], problems: Recorder<String>) -> (Promise<Sealed>, Int) {
         let read: @Sendable (String) -> Void = { what in
             for box in readers { box.check("\(what) reads step \(box.number)", problems) }
         }
         switch kind {
         case .thenImmediate:
-            return (parent.then(on: .immediate) { value -> Whole in
+            return (parent.then(on: .immediate) { value -> Sealed in
                 expectWhole(value, expected, "then \(number)", problems)
                 read("then \(number)")
-                return Whole(number)
+                return Sealed(number)
             }, number)
         case .flatMapSettled:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap \(number)", problems)
                 read("flatMap \(number)")
-                return Promise(value: Whole(number))
+                return Promise(value: Sealed(number))
             }, number)
         case .flatMapSameCascade:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap same \(number)", problems)
-                let source = Promise<Whole>()
+                let source = Promise<Sealed>()
                 let returned = source.then(on: .immediate) { $0 }
-                source.fulfill(Whole(number))
+                source.fulfill(Sealed(number))
                 read("flatMap same \(number)")
                 return returned
             }, number)
         case .flatMapFollower:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap follower \(number)", problems)
-                let follower = Promise<Whole>()
-                let source = Promise<Whole>()
+                let follower = Promise<Sealed>()
+                let source = Promise<Sealed>()
                 follower.resolve(with: source)
-                source.fulfill(Whole(number))
+                source.fulfill(Sealed(number))
                 return follower
             }, number)
         case .flatMapRace:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap race \(number)", problems)
-                return Promise.race([Promise(value: Whole(number)), Promise<Whole>()])
+                return Promise.race([Promise(value: Sealed(number)), Promise<Sealed>()])
             }, number)
         case .flatMapAll:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap all \(number)", problems)
-                return Promise.all([Promise(value: Whole(number)), Promise(value: Whole(-1))])
+                return Promise.all([Promise(value: Sealed(number)), Promise(value: Sealed(-1))])
                     .then(on: .immediate) { $0[0] }
             }, number)
         case .flatMapGate:
@@ -201,117 +155,117 @@ final class AdversarialRetireCountsTests: XCTestCase {
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap gate \(number)", problems)
                 read("flatMap gate \(number)")
-                return gate.then(on: .immediate) { _ in Whole(number) }
+                return gate.then(on: .immediate) { _ in Sealed(number) }
             }, number)
         case .throwThenRecover:
-            let rejected = parent.then(on: .immediate) { value -> Whole in
+            let rejected = parent.then(on: .immediate) { value -> Sealed in
                 expectWhole(value, expected, "throw \(number)", problems)
                 throw WholeError(number)
             }
             tree.unowned.append(UnownedBox(rejected, number))
-            return (rejected.recover(on: .immediate) { error -> Whole in
+            return (rejected.recover(on: .immediate) { error -> Sealed in
                 expectWholeError(error, number, "recover \(number)", problems)
                 read("recover \(number)")
-                return Whole(number)
+                return Sealed(number)
             }, number)
         case .flatMapRejectThenFlatRecover:
-            let rejected = parent.flatMap(on: .immediate) { value -> Promise<Whole> in
+            let rejected = parent.flatMap(on: .immediate) { value -> Promise<Sealed> in
                 expectWhole(value, expected, "flatMap reject \(number)", problems)
                 return Promise(error: WholeError(number))
             }
             tree.unowned.append(UnownedBox(rejected, number))
-            return (rejected.recover(on: .immediate) { error -> Promise<Whole> in
+            return (rejected.recover(on: .immediate) { error -> Promise<Sealed> in
                 expectWholeError(error, number, "flat recover \(number)", problems)
-                let source = Promise<Whole>()
+                let source = Promise<Sealed>()
                 let returned = source.then(on: .immediate) { $0 }
-                source.fulfill(Whole(number))
+                source.fulfill(Sealed(number))
                 return returned
             }, number)
         case .timeoutChild:
             return (parent.timeout(.seconds(600)), expected)
         case .inlineContext:
-            return (parent.then(on: RetireInlineContext()) { value -> Whole in
+            return (parent.then(on: RetireInlineContext()) { value -> Sealed in
                 expectWhole(value, expected, "inline context \(number)", problems)
                 read("inline context \(number)")
-                return Whole(number)
+                return Sealed(number)
             }, number)
         case .inlineContextFlatMap:
             return (parent.flatMap(on: RetireInlineContext()) { value in
                 expectWhole(value, expected, "inline context flatMap \(number)", problems)
-                return Promise(value: Whole(number))
+                return Promise(value: Sealed(number))
             }, number)
         case .droppingPassThrough:
-            return (parent.recover(on: DroppingContext()) { _ in Whole(-5) }, expected)
+            return (parent.recover(on: DroppingContext()) { _ in Sealed(-5) }, expected)
         case .holderSettledEarly:
-            let child = parent.then(on: .immediate) { _ in Whole(-9) }
+            let child = parent.then(on: .immediate) { _ in Sealed(-9) }
             // A parent settled already ran the handler at once.
-            return (child, child.fulfill(Whole(number)) ? number : -9)
+            return (child, child.fulfill(Sealed(number)) ? number : -9)
         case .resolveWithLockIn:
-            let child = parent.then(on: .immediate) { _ in Whole(-9) }
+            let child = parent.then(on: .immediate) { _ in Sealed(-9) }
             guard child.isPending else { return (child, -9) }
-            let source = Promise<Whole>()
+            let source = Promise<Sealed>()
             child.resolve(with: source)
             tree.gates.append((source, number))
             return (child, number)
         case .flatMapCycleRecovered:
-            let me = Handoff<Promise<Whole>>(nil)
-            let looping = parent.flatMap(on: .immediate) { value -> Promise<Whole> in
+            let me = Handoff<Promise<Sealed>>(nil)
+            let looping = parent.flatMap(on: .immediate) { value -> Promise<Sealed> in
                 expectWhole(value, expected, "cycle \(number)", problems)
-                let back = Promise<Whole>()
+                let back = Promise<Sealed>()
                 if let step = me.take() { back.resolve(with: step) }
                 read("cycle \(number)")
                 return back
             }
             me.put(looping)
-            return (looping.recover(on: .immediate) { _ in Whole(number) }, number)
+            return (looping.recover(on: .immediate) { _ in Sealed(number) }, number)
         case .flatMapReturnsParent:
-            return (parent.flatMap(on: .immediate) { [unowned parent] value -> Promise<Whole> in
+            return (parent.flatMap(on: .immediate) { [unowned parent] value -> Promise<Sealed> in
                 expectWhole(value, expected, "returns parent \(number)", problems)
                 return parent
             }, expected)
         case .allOfSiblings:
-            let first = parent.then(on: .immediate) { value -> Whole in
+            let first = parent.then(on: .immediate) { value -> Sealed in
                 expectWhole(value, expected, "sibling a \(number)", problems)
-                return Whole(number)
+                return Sealed(number)
             }
-            let second = parent.then(on: .immediate) { value -> Whole in
+            let second = parent.then(on: .immediate) { value -> Sealed in
                 expectWhole(value, expected, "sibling b \(number)", problems)
-                return Whole(-3)
+                return Sealed(-3)
             }
-            return (Promise.all([first, second]).then(on: .immediate) { values -> Whole in
+            return (Promise.all([first, second]).then(on: .immediate) { values -> Sealed in
                 expectWhole(values[0], number, "all \(number)", problems)
                 return values[0]
             }, number)
         case .flatMapGateLockIn:
-            let gate = Promise<Whole>()
+            let gate = Promise<Sealed>()
             tree.gates.append((gate, number))
-            return (parent.flatMap(on: .immediate) { value -> Promise<Whole> in
+            return (parent.flatMap(on: .immediate) { value -> Promise<Sealed> in
                 expectWhole(value, expected, "flatMap lock-in \(number)", problems)
-                let follower = Promise<Whole>()
+                let follower = Promise<Sealed>()
                 follower.resolve(with: gate)
                 return follower
             }, number)
         case .nestedRootSettle:
-            return (parent.then(on: .immediate) { value -> Whole in
+            return (parent.then(on: .immediate) { value -> Sealed in
                 expectWhole(value, expected, "nested \(number)", problems)
-                let other = Promise<Whole>()
+                let other = Promise<Sealed>()
                 var chain = other
                 for hop in 0..<3 {
-                    chain = chain.then(on: .immediate) { inner -> Whole in
+                    chain = chain.then(on: .immediate) { inner -> Sealed in
                         expectWhole(inner, number * 100 + hop, "nested hop \(hop) of \(number)", problems)
                         read("nested hop \(number)")
-                        return Whole(number * 100 + hop + 1)
+                        return Sealed(number * 100 + hop + 1)
                     }
                 }
-                other.fulfill(Whole(number * 100))
+                other.fulfill(Sealed(number * 100))
                 withExtendedLifetime(chain) {}
-                return Whole(number)
+                return Sealed(number)
             }, number)
         }
     }
 
     /// Builds a random tree below `root` and hands back what the test holds.
-    private func buildTree(root: Promise<Whole>, size: Int, random: inout SplitMix, kinds: [Kind],
+    private func buildTree(root: Promise<Sealed>, size: Int, random: inout SplitMix64, kinds: [Kind],
                            problems: Recorder<String>) -> Tree {
         let tree = Tree()
         tree.steps.append((root, 0))
@@ -350,12 +304,12 @@ final class AdversarialRetireCountsTests: XCTestCase {
         let problems = Recorder<String>()
         let rounds = Int(ProcessInfo.processInfo.environment["PROMISE_RETIRE_FUZZ_ROUNDS"] ?? "") ?? 300
         let seed = UInt64(ProcessInfo.processInfo.environment["PROMISE_RETIRE_FUZZ_SEED"] ?? "") ?? 1
-        var random = SplitMix(state: seed)
+        var random = SplitMix64(seed: seed)
         let seen = Counter(), retired = Counter()
         defer { print("ancestors of the leaf alive mid-cascade: \(seen.value), retired: \(retired.value)") }
         for round in 0..<rounds where problems.count == 0 {
             do {
-                let root = Promise<Whole>()
+                let root = Promise<Sealed>()
                 let tree = buildTree(root: root, size: 30, random: &random, kinds: Kind.allCases, problems: problems)
                 let leaf = tree.steps.last!.promise
                 let unownedNow = tree.unowned
@@ -377,9 +331,9 @@ final class AdversarialRetireCountsTests: XCTestCase {
                 }
                 let gates = tree.gates, intGates = tree.intGates
                 tree.steps.removeAll()
-                root.fulfill(Whole(0))
+                root.fulfill(Sealed(0))
                 for gate in intGates { gate.fulfill(0) }
-                for (gate, number) in gates { gate.fulfill(Whole(number)) }
+                for (gate, number) in gates { gate.fulfill(Sealed(number)) }
                 _ = try? reader.wait(timeout: .seconds(10))
                 for (promise, number) in tree.strong {
                     if let value = try? promise.wait(timeout: .seconds(10)) {
@@ -400,9 +354,9 @@ final class AdversarialRetireCountsTests: XCTestCase {
         let problems = Recorder<String>()
         let rounds = Int(ProcessInfo.processInfo.environment["PROMISE_RETIRE_FUZZ_ROUNDS"] ?? "") ?? 300
         let seed = UInt64(ProcessInfo.processInfo.environment["PROMISE_RETIRE_FUZZ_SEED"] ?? "") ?? 7
-        var random = SplitMix(state: seed)
+        var random = SplitMix64(seed: seed)
         for round in 0..<rounds where problems.count == 0 {
-            let root = Promise<Whole>()
+            let root = Promise<Sealed>()
             let tree = buildTree(root: root, size: 24, random: &random, kinds: Kind.allCases, problems: problems)
             let leaf = tree.steps.last!.promise
             tree.steps.removeAll()
@@ -415,17 +369,17 @@ final class AdversarialRetireCountsTests: XCTestCase {
             let started = raceOnThreads(threads: 3, rounds: 1, timeout: 60) { thread, _ in
                 switch thread {
                 case 0:
-                    root.fulfill(Whole(0))
+                    root.fulfill(Sealed(0))
                 case 1:
                     spinFor(spread)
                     for gate in intGates { gate.fulfill(0) }
-                    for (gate, number) in gates { gate.fulfill(Whole(number)) }
+                    for (gate, number) in gates { gate.fulfill(Sealed(number)) }
                 default:
                     for (index, box) in boxes.enumerated() {
                         box.ifAlive { step in
                             var node: AnyPromise? = step
                             while let current = node {
-                                if let promise = current as? Promise<Whole>, promise.isFulfilled,
+                                if let promise = current as? Promise<Sealed>, promise.isFulfilled,
                                    let value = try? promise.wait(timeout: .zero), value.intactNumber == nil {
                                     problems.append("parent walk read a freed value (round \(round))")
                                 }
@@ -496,24 +450,24 @@ final class AdversarialCycleRejectionRetireTests: XCTestCase {
         for round in 0..<rounds {
             let signal = Promise<Int>()
             let root = Promise<Int>()
-            let g = Handoff<Promise<Whole>>(nil)
+            let g = Handoff<Promise<Sealed>>(nil)
             let unownedF: UnownedBox
             do {
                 var step = root
                 for _ in 0..<depth { step = step.then(on: .immediate) { $0 } }
                 let parent = step.then(on: .immediate) { _ in FulfilsWhenFreed(signal) }
-                let returned = Handoff<Promise<Whole>>(nil)
+                let returned = Handoff<Promise<Sealed>>(nil)
                 let follower = parent.flatMap(on: .immediate) { _ in returned.take()! }
-                let other = Promise<Whole>()
+                let other = Promise<Sealed>()
                 let output = Promise.all([follower, other])
                 returned.put(output.then(on: .immediate) { $0[0] })
                 // A lock-in whose cycle check walks into the aggregate: from then on each
                 // input that settles without settling it asks again.
-                let watcher = Promise<[Whole]>()
+                let watcher = Promise<[Sealed]>()
                 watcher.whenComplete(on: .immediate) { _ in }
                 watcher.resolve(with: output)
                 // F's own `.immediate` child: F's publish keeps F until the cascade ends.
-                _ = follower.recover(on: .immediate) { _ in Whole(1) }
+                _ = follower.recover(on: .immediate) { _ in Sealed(1) }
                 unownedF = UnownedBox(follower, 0)
                 g.put(other)
             }
@@ -523,7 +477,7 @@ final class AdversarialCycleRejectionRetireTests: XCTestCase {
                 // Only in Z's cascade, once A is done: P died there.
                 guard aDone.isSet, let thread = zThread.peek, pthread_equal(thread, pthread_self()) != 0 else { return }
                 unownedF.ifAlive { f in
-                    let d = f.recover(on: .immediate) { _ in Whole(3) }
+                    let d = f.recover(on: .immediate) { _ in Sealed(3) }
                     d.then(on: .immediate) { _ -> Int in
                         reached.increment()
                         unownedF.ifAlive { f in
@@ -568,7 +522,7 @@ final class AdversarialCycleRejectionRetireTests: XCTestCase {
                     if claim != UInt(PC_CLAIM_FREE) && claim != UInt(PC_CLAIM_FOLLOWING) { break }
                 }
                 if !seen { missed.increment() }
-                other.fulfill(Whole(2))
+                other.fulfill(Sealed(2))
                 while !aDone.isSet { sched_yield() }
             }
             let started = raceOnThreads(threads: 2, rounds: 1, timeout: 120) { thread, _ in

@@ -509,3 +509,49 @@ func isPromiseError<T>(_ result: Result<T, any Error>?, _ expected: PromiseError
     guard case .failure(let error)? = result else { return false }
     return promiseErrorCase(error) == promiseErrorCase(expected)
 }
+
+// MARK: Values that tell whether they were freed
+
+/// A value whose memory tells whether it is still whole: a number and its complement,
+/// overwritten by its deinit, so that reading it after it was freed (without a sanitizer)
+/// is seen unless the memory was reused meanwhile; under AddressSanitizer the read itself
+/// fails.
+final class Sealed: @unchecked Sendable, CustomStringConvertible {
+    private static let lock = NSLock()
+    nonisolated(unsafe) private static var count = 0
+
+    private var number: Int
+    private var check: Int
+    private var state: UInt64
+
+    init(_ number: Int) {
+        self.number = number
+        check = ~number
+        state = 0x5EA1_ED5E_A1ED_0001
+        Sealed.lock.withLock { Sealed.count += 1 }
+    }
+
+    deinit {
+        state = 0xDEAD_DEAD_DEAD_DEAD
+        number = -7
+        check = -7
+        Sealed.lock.withLock { Sealed.count -= 1 }
+    }
+
+    static var living: Int { lock.withLock { count } }
+
+    /// The number if the value is whole, else nil.
+    var intactNumber: Int? {
+        guard state == 0x5EA1_ED5E_A1ED_0001, check == ~number else { return nil }
+        return number
+    }
+
+    var description: String { "Sealed(\(number))" }
+}
+
+/// Records in `problems` unless `value` is there, whole, and `number`.
+func expectWhole(_ value: Sealed?, _ number: Int, _ what: String, _ problems: Recorder<String>) {
+    guard let value else { return problems.append("\(what): no value") }
+    guard let read = value.intactNumber else { return problems.append("\(what): value not whole (freed?)") }
+    if read != number { problems.append("\(what): read \(read), expected \(number)") }
+}
