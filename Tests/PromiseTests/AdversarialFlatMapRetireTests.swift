@@ -65,19 +65,12 @@ final class AdversarialFlatMapRetireTests: XCTestCase {
         case .pendingSettledLaterInCascade:
             return parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                let source = Promise<Sealed>()
-                let returned = source.then(on: .immediate) { $0 }
-                source.fulfill(Sealed(number))
-                return returned
+                return settledLaterInTheCascade(with: Sealed(number))
             }
         case .follower:
             return parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                let follower = Promise<Sealed>()
-                let source = Promise<Sealed>()
-                follower.resolve(with: source)
-                source.fulfill(Sealed(number))
-                return follower
+                return lockedInFollower(fulfilledWith: Sealed(number))
             }
         case .raceOutput:
             return parent.flatMap(on: .immediate) { value in
@@ -407,10 +400,7 @@ final class AdversarialFlatMapRetireTests: XCTestCase {
             for level in 1...50 {
                 step = step.flatMap(on: .immediate) { _ -> Promise<Int> in Promise(error: TestError(level)) }
                     .recover(on: .immediate) { error -> Promise<Int> in
-                        let source = Promise<Int>()
-                        let returned = source.then(on: .immediate) { $0 }
-                        source.fulfill((error as? TestError)?.id ?? -1)
-                        return returned
+                        settledLaterInTheCascade(with: (error as? TestError)?.id ?? -1)
                     }
             }
             let unread = step.flatMap(on: .immediate) { _ -> Promise<Int> in Promise(error: TestError(999)) }

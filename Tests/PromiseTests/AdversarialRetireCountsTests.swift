@@ -123,20 +123,14 @@ final class AdversarialRetireCountsTests: XCTestCase {
         case .flatMapSameCascade:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap same \(number)", problems)
-                let source = Promise<Sealed>()
-                let returned = source.then(on: .immediate) { $0 }
-                source.fulfill(Sealed(number))
+                let returned = settledLaterInTheCascade(with: Sealed(number))
                 read("flatMap same \(number)")
                 return returned
             }, number)
         case .flatMapFollower:
             return (parent.flatMap(on: .immediate) { value in
                 expectWhole(value, expected, "flatMap follower \(number)", problems)
-                let follower = Promise<Sealed>()
-                let source = Promise<Sealed>()
-                follower.resolve(with: source)
-                source.fulfill(Sealed(number))
-                return follower
+                return lockedInFollower(fulfilledWith: Sealed(number))
             }, number)
         case .flatMapRace:
             return (parent.flatMap(on: .immediate) { value in
@@ -176,10 +170,7 @@ final class AdversarialRetireCountsTests: XCTestCase {
             tree.unowned.append(UnownedBox(rejected, number))
             return (rejected.recover(on: .immediate) { error -> Promise<Sealed> in
                 expectWholeError(error, number, "flat recover \(number)", problems)
-                let source = Promise<Sealed>()
-                let returned = source.then(on: .immediate) { $0 }
-                source.fulfill(Sealed(number))
-                return returned
+                return settledLaterInTheCascade(with: Sealed(number))
             }, number)
         case .timeoutChild:
             return (parent.timeout(.seconds(600)), expected)

@@ -587,10 +587,7 @@ final class LifetimeModelTests: XCTestCase {
                     peak.record(tracker.alive)
                     let made = Payload(bytes: payload.bytes, tracker: tracker)
                     guard shape == .returnsPending else { return Promise(value: made) }
-                    let source = Promise<Payload>()
-                    let returned = source.then(on: .immediate) { $0 }  // runs after this handler
-                    source.fulfill(made)
-                    return returned
+                    return settledLaterInTheCascade(with: made)
                 }
                 if shape == .mixedWithThen {
                     step = step.then(on: .immediate) { payload in

@@ -555,3 +555,24 @@ func expectWhole(_ value: Sealed?, _ number: Int, _ what: String, _ problems: Re
     guard let read = value.intactNumber else { return problems.append("\(what): value not whole (freed?)") }
     if read != number { problems.append("\(what): read \(read), expected \(number)") }
 }
+
+// MARK: Promises a handler returns
+
+/// A promise still pending when an `.immediate` handler returns it, which settles with
+/// `value` later in the same cascade: the child of a root fulfilled here, whose handler
+/// runs after the current one.
+func settledLaterInTheCascade<T: Sendable>(with value: T) -> Promise<T> {
+    let source = Promise<T>()
+    let returned = source.then(on: .immediate) { $0 }
+    source.fulfill(value)
+    return returned
+}
+
+/// A promise locked in by `resolve(with:)` to a root then fulfilled with `value`.
+func lockedInFollower<T: Sendable>(fulfilledWith value: T) -> Promise<T> {
+    let follower = Promise<T>()
+    let source = Promise<T>()
+    follower.resolve(with: source)
+    source.fulfill(value)
+    return follower
+}
