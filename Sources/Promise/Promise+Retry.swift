@@ -357,7 +357,8 @@ extension Promise {
     /// Threading: `body` and `shouldRetry` run on `context`. The pauses are timed on
     /// `clock` when one is given (a test passes a clock it advances by hand), on Dispatch
     /// otherwise; a clock whose `sleep` throws during a pause (other than for the run's own
-    /// cancel) ends the run, rejected with that error. On `.immediate`, attempts that fail
+    /// cancel), or keeps returning before its deadline (as for `Promise.after(_:clock:)`),
+    /// ends the run, rejected with that error. On `.immediate`, attempts that fail
     /// at once with no pause between them
     /// all run before `retry` returns (without growing the stack): keep `attempts` bounded.
     public static func retry<C: Clock>(

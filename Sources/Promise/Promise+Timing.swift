@@ -90,7 +90,8 @@ struct PromiseTimer: Sendable {
     /// A clock whose sleep throws when the timer was not cancelled (a test clock shut
     /// down, say) cannot time anything: `clockFailed` runs instead of `work`, with its
     /// error, so that the promise the timer would settle settles all the same rather than
-    /// leave its callers waiting for ever.
+    /// leave its callers waiting for ever. So does one whose sleep keeps returning before
+    /// its `now` reaches the deadline (see `sleep(on:until:)`): the timer never fires early.
     ///
     /// The system's clocks (`ContinuousClock`, the default, and `SuspendingClock`) time on
     /// the Dispatch heap, as with no `clock:`, counted from now: a Task's sleep and what
@@ -99,7 +100,7 @@ struct PromiseTimer: Sendable {
     /// continuous clock in production, and must not lose that).
     init<C: Clock>(at deadline: C.Instant, on clock: C, _ work: @escaping @Sendable () -> Void,
                    clockFailed: @escaping @Sendable (any Error) -> Void) where C.Duration == Duration {
-        let interval = clock.now.duration(to: deadline)
+        let interval = clock.timeLeft(until: deadline)
         guard interval <= PromiseTimer.horizon else {
             self = .never
             return
@@ -117,7 +118,7 @@ struct PromiseTimer: Sendable {
         let box = TimerWork(work)
         self.init(handle: .task(Task {
             do {
-                try await clock.sleep(until: deadline, tolerance: nil)
+                try await PromiseTimer.sleep(on: clock, until: deadline)
             } catch {
                 // Cancelled: `cancel` emptied the box first. Otherwise the clock failed.
                 if box.take() != nil { clockFailed(error) }
@@ -136,7 +137,30 @@ struct PromiseTimer: Sendable {
             self = .never
             return
         }
+        guard interval > .zero else {
+            // Due, without adding to the clock's now (an interval near the most negative
+            // duration would overflow the subtraction that follows).
+            self = PromiseTimer(sendingAtOnce: work)
+            return
+        }
         self.init(at: clock.now.advanced(by: interval), on: clock, work, clockFailed: clockFailed)
+    }
+
+    /// How many times in a row a clock's sleep may return before its deadline.
+    static let earlyWakeLimit = 8
+
+    /// Sleeps on `clock` until its `now` has reached `deadline`. `Clock`'s contract is that
+    /// `sleep(until:)` returns no earlier, but a clock of the caller's may wake early (a
+    /// coarse timer, a stub): such a wake is slept again, and a clock that wakes early
+    /// `earlyWakeLimit` times for one deadline cannot time anything, which throws
+    /// `PromiseError.invalidArgument` rather than fire the timer early or spin.
+    static func sleep<C: Clock>(on clock: C, until deadline: C.Instant) async throws {
+        for _ in 0..<earlyWakeLimit {
+            try await clock.sleep(until: deadline, tolerance: nil)
+            if clock.now >= deadline { return }
+        }
+        throw PromiseError.invalidArgument(
+            "the clock \(C.self) returned from sleep(until:) before its deadline \(earlyWakeLimit) times in a row, so it cannot time anything")
     }
 
     /// Scheduled by the caller: `schedule` arranges for its `fire` to run once `interval`
@@ -217,8 +241,10 @@ extension Promise where Value == Void {
     ///
     /// Cancelling it cancels the timer. If the clock's `sleep` throws although the timer
     /// was not cancelled, the promise rejects with that error: a clock that cannot sleep
-    /// cannot time it. On `ContinuousClock` or `SuspendingClock` it is timed as
-    /// `after(_:)` is (see `timeout(_:clock:)`).
+    /// cannot time it. A `sleep` that returns before the clock's `now` reaches the
+    /// deadline is asked again; one that does so eight times in a row rejects the promise
+    /// with `PromiseError.invalidArgument` (it never fulfils early). On `ContinuousClock`
+    /// or `SuspendingClock` it is timed as `after(_:)` is (see `timeout(_:clock:)`).
     public static func after(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Void> {
         .fulfilling(()) { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
     }
@@ -262,8 +288,9 @@ extension Promise {
     /// let debounced = query.delay(.milliseconds(300), clock: testClock)
     /// ```
     ///
-    /// If the clock's `sleep` throws although the timer was not cancelled, the child
-    /// rejects with that error. On `ContinuousClock` or `SuspendingClock` it is timed as
+    /// If the clock's `sleep` throws although the timer was not cancelled, or keeps
+    /// returning before its deadline (as for `Promise.after(_:clock:)`), the child rejects
+    /// with that error. On `ContinuousClock` or `SuspendingClock` it is timed as
     /// `delay(_:)` is (see `timeout(_:clock:)`).
     public func delay(_ interval: Duration, clock: some Clock<Duration>) -> Promise<Value> {
         delay { PromiseTimer(after: interval, on: clock, $0, clockFailed: $1) }
@@ -320,9 +347,10 @@ extension Promise {
     /// let page = fetch(url).timeout(.seconds(2), clock: testClock)
     /// ```
     ///
-    /// If the clock's `sleep` throws although the timer was not cancelled, the child
-    /// rejects with that error (unless this promise settled it first): a clock that cannot
-    /// sleep cannot time it out. On `ContinuousClock` or `SuspendingClock` it is timed as
+    /// If the clock's `sleep` throws although the timer was not cancelled, or keeps
+    /// returning before its deadline (as for `Promise.after(_:clock:)`), the child rejects
+    /// with that error (unless this promise settled it first): a clock that cannot sleep
+    /// cannot time it out. On `ContinuousClock` or `SuspendingClock` it is timed as
     /// `timeout(_:)` is, so it too fires while Dispatch's global pool is blocked, counted
     /// on Dispatch's clock (which, as `SuspendingClock`, does not count time the machine
     /// sleeps); on another clock, by a Task that sleeps on it, which runs on the
@@ -345,7 +373,7 @@ extension Promise {
     ///
     /// Timed on Dispatch, as `timeout(_:)`; see `timeout(_:)` for what the child keeps.
     public func timeout(until deadline: ContinuousClock.Instant) -> Promise<Value> {
-        let interval = ContinuousClock.now.duration(to: deadline)
+        let interval = ContinuousClock().timeLeft(until: deadline)
         return timeout(interval, rejectingAtOnceIfPast: true) { fire, _ in PromiseTimer(after: interval, fire) }
     }
 
@@ -356,7 +384,7 @@ extension Promise {
     /// let user = fetchUser(id).timeout(until: testClock.now.advanced(by: .seconds(2)), clock: testClock)
     /// ```
     public func timeout<C: Clock>(until deadline: C.Instant, clock: C) -> Promise<Value> where C.Duration == Duration {
-        let interval = clock.now.duration(to: deadline)
+        let interval = clock.timeLeft(until: deadline)
         return timeout(interval, rejectingAtOnceIfPast: true) { PromiseTimer(at: deadline, on: clock, $0, clockFailed: $1) }
     }
 
@@ -418,5 +446,15 @@ extension Promise {
             if list.remove(follower) { child.parentIfAlive?.noteErrorSeen() }
         }.register(on: child)
         return child
+    }
+}
+
+extension Clock where Duration == Swift.Duration {
+    /// How long from `now` until `deadline`: `.zero` once it has come. Compares before it
+    /// subtracts: `duration(to:)` traps where the difference overflows, as it does from a
+    /// deadline near the most negative duration.
+    func timeLeft(until deadline: Instant) -> Duration {
+        let now = self.now
+        return now < deadline ? now.duration(to: deadline) : .zero
     }
 }

@@ -224,6 +224,92 @@ final class ClockTests: XCTestCase {
     }
 }
 
+extension ClockTests {
+    /// The most negative duration there is: a deadline built from it lies so far in the
+    /// past that subtracting the clock's later `now` from it overflows.
+    private var mostNegative: Duration { Duration(attoseconds: Int128.min) }
+
+    /// Far-past deadlines and the most negative interval on the system clocks are due at
+    /// once, as on Dispatch, instead of trapping on the overflow of `deadline - now`.
+    /// (Each in a child process: a trap fails the test, not the run.)
+    func testTimeoutUntilAFarPastDeadlineRejectsAtOnce() {
+        runInChildProcess {
+            let deadline = ContinuousClock.now.advanced(by: mostNegative)
+            usleep(1_000)  // the library's now is later than the deadline's
+            let receiver = Promise<Int>()
+            XCTAssertTrue(isTimedOut(receiver.timeout(until: deadline)), "on Dispatch")
+            XCTAssertTrue(isTimedOut(receiver.timeout(until: deadline, clock: ContinuousClock())), "on a system clock")
+            XCTAssertTrue(receiver.isPending)
+            receiver.fulfill(1)
+        }
+    }
+
+    func testTheMostNegativeIntervalOnASystemClockIsDueAtOnce() throws {
+        try runInChildProcess {
+            XCTAssertNoThrow(try Promise<Void>.after(mostNegative, clock: SuspendingClock()).wait(timeout: testTimeout))
+            XCTAssertEqual(try Promise(value: 3).delay(mostNegative, clock: ContinuousClock()).wait(timeout: testTimeout), 3)
+            let receiver = Promise<Int>()
+            let child = receiver.timeout(mostNegative, clock: ContinuousClock())
+            XCTAssertTrue(eventually { self.isTimedOut(child) }, "\(child)")
+            receiver.fulfill(1)
+        }
+    }
+
+    /// A clock whose `sleep` returns before its `now` reaches the deadline breaks `Clock`'s
+    /// contract: nothing timed on it fires early. One that always does rejects what it
+    /// times with an error that says so (it does not spin either); one that wakes early
+    /// once is slept again and fires on time.
+    func testAClockWhoseSleepReturnsEarlyNeverFiresATimerEarly() throws {
+        let clock = EarlyWakingClock(earlyWakes: .max)
+        let started = ContinuousClock.now
+        let receiver = Promise<Int>()
+        let timedOnIt: [(String, Result<Void, any Error>?)] = [
+            ("after", outcome(Promise<Void>.after(.seconds(30), clock: clock))),
+            ("delay", outcome(Promise(value: 5).delay(.seconds(30), clock: clock)).map { $0.map { _ in } }),
+            ("timeout", outcome(receiver.timeout(.seconds(30), clock: clock)).map { $0.map { _ in } }),
+            ("retry", outcome(Promise<Int>.retry(attempts: 2, backoff: .fixed(.seconds(30)), clock: clock) {
+                Promise(error: TestError(1))
+            }).map { $0.map { _ in } }),
+        ]
+        XCTAssertLessThan(started.duration(to: .now), .seconds(30))
+        for (name, result) in timedOnIt {
+            guard case .failure(PromiseError.invalidArgument(let text))? = result else {
+                XCTFail("\(name) on a clock that wakes early: \(String(describing: result))")
+                continue
+            }
+            XCTAssertTrue(text.contains("EarlyWakingClock") && text.contains("before its deadline"), text)
+        }
+        XCTAssertTrue(receiver.isPending, "the receiver of a timeout is untouched")
+        receiver.fulfill(0)
+
+        let onceEarly = EarlyWakingClock(earlyWakes: 1)
+        let due = ContinuousClock.now + .milliseconds(50)
+        XCTAssertNoThrow(try Promise<Void>.after(.milliseconds(50), clock: onceEarly).wait(timeout: testTimeout))
+        XCTAssertGreaterThanOrEqual(ContinuousClock.now, due, "fired before its deadline")
+        XCTAssertEqual(onceEarly.sleeps, 2)
+    }
+}
+
+/// A clock on `ContinuousClock`'s instants whose `sleep` returns at once its first
+/// `earlyWakes` times, whatever the deadline, and sleeps properly after that.
+private final class EarlyWakingClock: Clock, @unchecked Sendable {
+    typealias Instant = ContinuousClock.Instant
+    private let earlyWakes: Int
+    private let lock = NSLock()
+    private var slept = 0
+    init(earlyWakes: Int) { self.earlyWakes = earlyWakes }
+    var now: Instant { ContinuousClock.now }
+    var minimumResolution: Duration { .zero }
+    var sleeps: Int { lock.withLock { slept } }
+    func sleep(until deadline: Instant, tolerance: Duration?) async throws {
+        let early = lock.withLock { () -> Bool in
+            slept += 1
+            return slept <= earlyWakes
+        }
+        if !early { try await ContinuousClock().sleep(until: deadline, tolerance: tolerance) }
+    }
+}
+
 /// A clock whose `sleep` always throws, as a test clock that was shut down does.
 private struct FailingClock: Clock {
     struct Broken: Error {}
