@@ -54,6 +54,10 @@ class WaiterEntry: @unchecked Sendable {
     /// thread's trampoline (its observers must not nest), under the cascade watch.
     var settledPromise: AnyPromise? { nil }
 
+    /// Whether the entry would still take the promise's outcome: for the broken-promise
+    /// report of a promise that dies pending with the entry listed. Guarded by the lock.
+    var takesTheOutcome: Bool { true }
+
     /// The promise settled (or died pending: `source` is then its broken stand-in).
     /// Called once, outside the lock: the waking entries in registration order, then the
     /// settling ones in registration order.
@@ -88,6 +92,10 @@ final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
     }
 
     override var settledPromise: AnyPromise? { child }
+
+    /// Not once anyone claimed the child (the timer, a cancel, its holder, a lock-in):
+    /// the entry may still be listed while that settle publishes, and then leaves.
+    override var takesTheOutcome: Bool { child.claimHint == UInt(PC_CLAIM_FREE) }
 
     /// Settles the child as the receiver settled; a cancel forwarded to the receiver (or
     /// above it) before the child claimed wins, as for any handler's child. From a broken
@@ -261,6 +269,19 @@ final class RareState: @unchecked Sendable {
     /// minimum), so each prune's walk is paid for by the give-ups before it.
     fileprivate func prunedKeeping(_ kept: Int) {
         withLock { gaveUpBeforePrune = max(RareState.minimumGaveUpBeforePrune, kept) }
+    }
+
+    /// Whether a listed entry would still take the outcome (`takesTheOutcome`): for the
+    /// broken-promise report. Takes the lock.
+    var anyEntryTakesTheOutcome: Bool {
+        withLock {
+            var entry = head
+            while let current = entry {
+                if current.takesTheOutcome { return true }
+                entry = current.next
+            }
+            return false
+        }
     }
 
     /// The entries waiting now (for tests and descriptions; takes the lock).

@@ -76,11 +76,18 @@ extension AnyPromise {
     /// and this runs once the last one is gone. A registration made before that is in the
     /// list, since the last release happens after it on whatever thread made it.
     /// Whether any of `detached` still waits: any node but a waiter list whose waiters all
-    /// gave up (a timed-out `wait` leaves nobody waiting), the observers a prune would
-    /// have taken off (`observerHasGivenUp`: whether one is still listed depends only on
-    /// when the last prune ran), and what waits only for a cancel, which freeing is not:
-    /// `onCancel` handlers, and the error side of a child that settled otherwise (a prune
-    /// keeps it, for that cancel). For the broken-promise report.
+    /// gave up (a timed-out `wait` leaves nobody waiting) or settle `timeout` children
+    /// claimed already, the observers a prune would have taken off (`observerHasGivenUp`:
+    /// whether one is still listed depends only on when the last prune ran), and what
+    /// waits only for a cancel, which freeing is not: `onCancel` handlers, and the error
+    /// side of a child that settled otherwise (a prune keeps it, for that cancel). For the
+    /// broken-promise report.
+    ///
+    /// A child counts by its claim, not by whether its node has left yet: a child whose
+    /// holder (or timer, or canceller) claimed it is still listed while that settle
+    /// publishes, and the call may drop our last reference in between (a `reject` looks
+    /// above through `parentIfAlive`): the report would then name observers that receive
+    /// nothing, which no order of the two calls gives.
     private final func anyoneWaits(on detached: UnsafeMutablePointer<pc_node>) -> Bool {
         var node: UnsafeMutablePointer<pc_node>? = detached
         while let current = node {
@@ -93,13 +100,17 @@ extension AnyPromise {
     /// Whether `node`, registered on this pending promise, still waits for its outcome
     /// (see `anyoneWaits`).
     final func nodeWaitsForAnOutcome(_ node: UnsafeMutablePointer<pc_node>) -> Bool {
-        if nodeFires(node, through: rareStateFire) { return existingRareState?.waitingCount != 0 }
+        if nodeFires(node, through: rareStateFire) { return existingRareState?.anyEntryTakesTheOutcome == true }
         if nodeFires(node, through: observerBoxFire),
            !CoreLayout.owner(ofFirstField: node, as: ObserverBox.self)._withUnsafeGuaranteedRef({ $0.waitsForOutcome }) {
             return false
         }
         if nodeFires(node, through: promiseNodeFire) {
-            return !AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef { $0.takesNoOutcome }
+            // A child waits unclaimed; a follower (a handler returned us) waits while its
+            // claim is still FOLLOWING, not once a cancel took it over.
+            return AnyPromise.owner(ofNode: node)._withUnsafeGuaranteedRef {
+                $0.claimHint == UInt($0.role == .following ? PC_CLAIM_FOLLOWING : PC_CLAIM_FREE)
+            }
         }
         // The rest (a `CompletionNode`, a root's first-observer slot, an aggregator slot)
         // wait unless they gave up, which only a slot of a retired aggregator does.

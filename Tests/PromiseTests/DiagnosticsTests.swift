@@ -17,6 +17,7 @@ private struct BrokenMarker: Sendable {}
 private struct CycleMarker: Sendable {}
 private struct OnCancelMarker: Sendable {}
 private struct TimeoutMarker: Sendable {}
+private struct DroppedReceiverMarker: Sendable {}
 
 /// A promise a handler reaches once it exists.
 private final class Slot<T>: @unchecked Sendable {
@@ -564,5 +565,68 @@ final class DiagnosticsTests: XCTestCase {
         #if DEBUG
         XCTAssertTrue(reported.contains { $0.creationSite?.line == line + 1 }, "\(reported)")
         #endif
+    }
+}
+
+extension DiagnosticsTests {
+    /// A receiver dropped pending on one thread while another settles its only child
+    /// (the `timeout` timer firing, a `delay` or `then` child's holder rejecting it): the
+    /// child's settle looks above for a cancel through a brief strong reference, and when
+    /// that is the receiver's last, the receiver dies inside the settle, its child claimed
+    /// but still listed. Such a receiver is no broken promise anyone receives: no order of
+    /// the two calls reports it (the drop first breaks the child, and the settle then
+    /// loses; the settle first takes the child off). It was reported, from the settling
+    /// call, in hundreds of rounds of each shape.
+    func testAReceiverDyingInsideItsChildsSettleIsNotReportedBroken() {
+        let rounds = 4_000
+        let settlerReports = Counter(), dropperReports = Counter()
+        PromiseDiagnostics.setHandler { event in
+            guard event.promiseType == "Promise<DroppedReceiverMarker>", case .brokenPromise = event.kind else { return }
+            _ = Thread.current.threadDictionary["settler"] != nil ? settlerReports.increment() : dropperReports.increment()
+        }
+        final class Row: @unchecked Sendable {
+            var receiver: Promise<DroppedReceiverMarker>?
+            var child: Promise<DroppedReceiverMarker>?
+            var settle: (@Sendable () -> Void)?
+        }
+        for shape in ["timeout", "delay", "then"] {
+            let settlerBefore = settlerReports.value, dropperBefore = dropperReports.value
+            let rows = (0..<rounds).map { _ -> Row in
+                let row = Row()
+                let receiver = Promise<DroppedReceiverMarker>()
+                switch shape {
+                case "timeout":
+                    row.child = receiver.timeout(.seconds(60), scheduling: { _, fire in
+                        row.settle = fire
+                        return {}
+                    })
+                case "delay":
+                    row.child = receiver.delay(.seconds(3600))
+                default:
+                    row.child = receiver.then(on: .immediate) { $0 }
+                }
+                if row.settle == nil { row.settle = { [unowned row] in _ = row.child?.reject(Marker(id: 9)) } }
+                row.receiver = receiver
+                return row
+            }
+            XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
+                if thread == 1 && round == 0 { Thread.current.threadDictionary["settler"] = true }
+                if thread == 0 {
+                    var spin = 0  // sweeps the drop across the settle
+                    for i in 0..<((round / 2) % 400) { spin &+= i }
+                    _ = spin
+                    rows[round].receiver = nil
+                } else {
+                    rows[round].settle?()
+                }
+                if thread == 1 && round == rounds - 1 { Thread.current.threadDictionary["settler"] = nil }
+            })
+            let broken = rows.filter { isPromiseError($0.child.map { outcome($0, timeout: 1) } ?? nil, .brokenPromise) }.count
+            XCTAssertEqual(settlerReports.value - settlerBefore, 0, "\(shape): reported from inside the child's settle")
+            // A child that received the broken promise's error was reported (from the
+            // dropping thread, where the receiver died).
+            XCTAssertGreaterThanOrEqual(dropperReports.value - dropperBefore, broken, shape)
+            for row in rows { row.child = nil; row.settle = nil }
+        }
     }
 }
