@@ -108,6 +108,16 @@ final class WatchedWork: RunOnce, @unchecked Sendable {
     }
 }
 
+extension ExecutionContext {
+    /// Whether this is `.immediate` or one of Dispatch's contexts (`.default`, `.main`, a
+    /// `DispatchQueue`, `.concurrent(queue)`), which run every block they are given: work
+    /// for it needs no `WatchedWork` (as `StoredContext.runsEveryWork` for a stored one).
+    var runsEveryWork: Bool {
+        self is ImmediateExecutionContext || self is DispatchQueue || self is DefaultExecutionContext
+            || self is ConcurrentQueueContext
+    }
+}
+
 // MARK: Built-in contexts
 
 /// The default context: a private concurrent queue. Handlers may run in parallel.

@@ -19,10 +19,13 @@
 /// Ownership: the run is the output's resolver. It holds the output; the output's hook
 /// (`OutcomeHook`) holds the run weakly (a strong link back would keep both alive for ever
 /// once nothing else holds the run). The work queued on the context and the observers on
-/// the steps in flight hold the run. If all of those let go while the output is pending (a
-/// context that drops work unrun), nothing can go on with it: the run's deinit rejects the
-/// output with `PromiseError.brokenPromise`, as a promise that dies pending breaks its
-/// observers.
+/// the steps in flight hold the run. A context that lets go of a step's work unrun (one
+/// other than Dispatch's queues, which run every block: see `WatchedWork`) breaks the run
+/// at once, as a first error does: the output rejects with `PromiseError.brokenPromise`,
+/// what is in flight is cancelled, and no more starts; other steps in flight must not keep
+/// it waiting, nor start inputs it can no longer use. And if everything that held the run
+/// let go of it while the output is pending, the run's deinit rejects the output so, as a
+/// promise that dies pending breaks its observers.
 ///
 /// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
 /// call out.
@@ -145,7 +148,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     }
 
     private func start(_ input: Input, at index: Int) {
-        context.execute { [self] in
+        let startStep: @Sendable () -> Void = { [self] in
             guard output.isFreeToSettle else { return }  // settled or locked in: start nothing more
             // The work, once per input: a context that runs it twice (a contract broken)
             // must not start a second step for the slot. The slot is claimed under the lock
@@ -186,6 +189,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             // up now.
             if !output.isPending { step.runStoppedWatching() }
         }
+        if context.runsEveryWork { return context.execute(startStep) }
+        // Weak: a run nothing else holds is freed with the work, and its deinit breaks it.
+        context.execute(WatchedWork(startStep, ifDropped: { [weak self] in self?.fail(PromiseError.brokenPromise) }).work)
     }
 
     private func complete(_ index: Int, with value: Value) {

@@ -247,3 +247,38 @@ final class BoundedFanOutTests: XCTestCase {
         XCTAssertEqual(steps.count, 2)
     }
 }
+
+extension BoundedFanOutTests {
+    /// A context that drops the `n`th piece of work it gets (releases it unrun) and runs
+    /// the rest on a serial queue.
+    private final class DropsNth: ExecutionContext, @unchecked Sendable {
+        let n: Int
+        let count = Counter()
+        let queue = DispatchQueue(label: "BoundedFanOutTests.dropsNth")
+        init(_ n: Int) { self.n = n }
+        func execute(_ work: @escaping @Sendable () -> Void) {
+            if count.increment() == n { return }
+            queue.async(execute: work)
+        }
+    }
+
+    /// A context that drops a step's work while another step is in flight breaks the run
+    /// then, as a first error does: the output rejects with `brokenPromise` and no more
+    /// inputs start. (It waited for the other step to settle, started the inputs after the
+    /// dropped one, and broke only when the run was freed: a step that never settled left
+    /// the output pending for ever.)
+    func testAStepItsContextDropsBreaksTheRunWhileAnotherIsInFlight() {
+        let pending = Promise<Int>()
+        let started = Recorder<Int>()
+        let context = DropsNth(3)
+        let output = Promise<Int>.all(0..<6, maxConcurrent: 2, on: context) { input in
+            started.append(input)
+            return input == 0 ? pending : Promise(value: input)
+        }
+        let result = outcome(output, timeout: 5)
+        XCTAssertTrue(isPromiseError(result, .brokenPromise), "\(String(describing: result)), steps started: \(started.values)")
+        // Cancelled right after the output rejects, by the thread that rejected it.
+        XCTAssertTrue(eventually { pending.isCancelled }, "the step in flight was not cancelled: \(pending)")
+        XCTAssertEqual(started.values.sorted(), [0, 1], "inputs started after the dropped one")
+    }
+}
