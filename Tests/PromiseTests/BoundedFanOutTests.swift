@@ -249,19 +249,6 @@ final class BoundedFanOutTests: XCTestCase {
 }
 
 extension BoundedFanOutTests {
-    /// A context that drops the `n`th piece of work it gets (releases it unrun) and runs
-    /// the rest on a serial queue.
-    private final class DropsNth: ExecutionContext, @unchecked Sendable {
-        let n: Int
-        let count = Counter()
-        let queue = DispatchQueue(label: "BoundedFanOutTests.dropsNth")
-        init(_ n: Int) { self.n = n }
-        func execute(_ work: @escaping @Sendable () -> Void) {
-            if count.increment() == n { return }
-            queue.async(execute: work)
-        }
-    }
-
     /// A context that drops a step's work while another step is in flight breaks the run
     /// then, as a first error does: the output rejects with `brokenPromise` and no more
     /// inputs start. (It waited for the other step to settle, started the inputs after the

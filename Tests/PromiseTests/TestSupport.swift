@@ -450,6 +450,19 @@ final class WeakPromise: @unchecked Sendable {
     weak var promise: AnyPromise?
 }
 
+/// A context that drops the `n`th piece of work it gets (releases it unrun) and runs the
+/// rest on a serial queue: a later step of a run dropped.
+final class DropsNth: ExecutionContext, @unchecked Sendable {
+    let n: Int
+    let count = Counter()
+    let queue = DispatchQueue(label: "TestSupport.dropsNth")
+    init(_ n: Int) { self.n = n }
+    func execute(_ work: @escaping @Sendable () -> Void) {
+        if count.increment() == n { return }
+        queue.async(execute: work)
+    }
+}
+
 /// A context that drops every piece of work unrun (a shut-down executor).
 struct DroppingContext: ExecutionContext {
     func execute(_ work: @escaping @Sendable () -> Void) {}
