@@ -8,6 +8,8 @@ CORE_SRC   := Sources/CPromiseCore/CPromiseCore.c
 CORE_INC   := Sources/CPromiseCore/include
 CORE_TEST  := Tests/CoreTests/core_test.c
 CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
+# The Swift toolchain's clang++ (always there with Swift) checks the headers as C++.
+CLANGXX    ?= clang++
 # Swift warnings are errors. The C core's warnings (-Wall -Wextra) are errors in
 # test-core and test-core-32, which compile it with gcc and clang. No C flags here: they
 # would reach SwiftNIO's C shims too, and SwiftPM rejects `-Xcc -Werror` once a remote
@@ -71,8 +73,10 @@ $(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | d
 	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 
 test-core: deps $(BUILD_DIR)/core_test
-	@echo "==> test-core: the C core alone, from C with pthreads"
+	@echo "==> test-core: the C core alone, from C with pthreads; its headers from C++ too"
 	$(BUILD_DIR)/core_test
+	$(CLANGXX) -std=c++11 -pedantic-errors -Wno-nullability-extension -Wall -Wextra -Werror \
+		-fsyntax-only -I $(CORE_INC) Tests/CoreTests/header_cxx.cpp
 
 test-swift: deps
 	@echo "==> test-swift: swift test (warnings as errors)"

@@ -105,6 +105,14 @@
 #define _Nullable
 #endif
 
+/* 8-byte alignment for a node (its address's low three bits carry tags, also on 32-bit
+ * targets): C11's keyword, or C++'s, for a header both include. */
+#ifdef __cplusplus
+#define PC_ALIGNED_8 alignas(8)
+#else
+#define PC_ALIGNED_8 _Alignas(8)
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -133,7 +141,7 @@ typedef void (*pc_fire_fn)(pc_node *_Nonnull node, pc_promise *_Nullable source)
 
 /* An intrusive observer: lives inside the object that wants to be notified. */
 struct pc_node {
-    _Alignas(8) pc_node *_Nullable next; /* stack / trampoline link; owned by the list holder */
+    PC_ALIGNED_8 pc_node *_Nullable next; /* stack / trampoline link; owned by the list holder */
     pc_fire_fn _Nullable fire;           /* set before pc_observe / pc_defer */
 };
 
