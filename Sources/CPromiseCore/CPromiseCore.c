@@ -546,8 +546,9 @@ void pc_children_forget(pc_promise *promise, uintptr_t count) {
 }
 
 bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
-    /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&promise->tree_flags));
+    /* acquire: the first guess for the CAS, and what decides when the bit is set already:
+     * the caller's later loads then come after it (its setter published it, full). */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->tree_flags));
     while ((seen & bit) == 0) {
         /* full: release publishes what the caller stored before (a cancel reason before
          * PUBLISHED); the StoreLoad half orders this store before the caller's next
@@ -596,8 +597,9 @@ uintptr_t pc_tree_flags_after_fence(const pc_promise *promise) {
 /* ---- holds on the path of an in-flight descendant ---------------------------------- */
 
 bool pc_holds_add_if_holding(pc_lineage *lineage, uintptr_t delta) {
-    /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
+    /* acquire: the first guess for the CAS, and what decides when nothing is held: the
+     * caller's later accesses then come after it. */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&lineage->holds));
     while ((seen & ~(uintptr_t)PC_HOLDS_GONE) != 0) {
         /* full: an increment-if-holding must not let a concurrent last release pass it
          * unseen (the CAS fails if that release changed the word first). */
@@ -629,8 +631,9 @@ uintptr_t pc_holds_remove_one(pc_lineage *lineage) {
 }
 
 uintptr_t pc_holds_clear_self(pc_lineage *lineage) {
-    /* No ordering: first guess for the CAS. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
+    /* acquire: the first guess for the CAS, and what decides when SELF is clear already:
+     * the caller's later accesses then come after it. */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&lineage->holds));
     while ((seen & PC_HOLDS_SELF) != 0) {
         /* full: as pc_holds_remove_one; and only one caller clears the bit. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
@@ -644,10 +647,12 @@ uintptr_t pc_holds_clear_self(pc_lineage *lineage) {
 }
 
 void pc_holds_mark_gone(pc_lineage *lineage) {
-    /* full: the bit is set before the caller's following pc_holds_add, so a last release
-     * that follows that add in the word's order sees it. */
-    uintptr_t seen = (uintptr_t)AO_load(PC_WORD(&lineage->holds));
+    /* acquire: the first guess for the CAS, and what decides when the bit is set already:
+     * the caller's later accesses then come after it. */
+    uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&lineage->holds));
     while ((seen & PC_HOLDS_GONE) == 0) {
+        /* full: the bit is set before the caller's following pc_holds_add, so a last
+         * release that follows that add in the word's order sees it. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
             PC_WORD(&lineage->holds), (AO_t)seen, (AO_t)(seen | PC_HOLDS_GONE));
         if (was == seen) {
@@ -872,8 +877,9 @@ void pc_word_store(uintptr_t *word, uintptr_t value) {
 
 uintptr_t pc_word_take(uintptr_t *word) {
     for (;;) {
-        /* No ordering: a guess for the CAS, which validates it. */
-        AO_t seen = AO_load(PC_WORD(word));
+        /* acquire: a guess for the CAS, which validates it, and what decides when the word
+         * is empty: the caller's later accesses then come after it. */
+        AO_t seen = AO_load_acquire(PC_WORD(word));
         if (seen == 0) {
             return 0;
         }

@@ -150,7 +150,8 @@ void pc_word_store(uintptr_t *_Nonnull word, uintptr_t value);
  * work that a context should run once but may run twice (an observer box's source). What
  * the storer wrote before is ordered by the hand-off that lets the takers run (the
  * context's queue), not by this; the CAS is full only so that the take is never moved
- * across the caller's neighbouring accesses to what the value stands for.
+ * across the caller's neighbouring accesses to what the value stands for. A word found
+ * empty returns 0 after an acquire load.
  */
 uintptr_t pc_word_take(uintptr_t *_Nonnull word);
 

@@ -82,10 +82,12 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_COUNT_SHIFT 9u      /* the registry's link count sits above the nine bits */
 
 /*
- * Sets `bit` in the tree_flags word; true for the one call that set it. Full barrier: a
- * canceller's PUBLISHED store is ordered before its pc_children_take, and pairs with the
- * full barrier that pc_children_push ends with, so a link pushed concurrently is either
- * taken by the canceller or sees PUBLISHED in the pusher's following pc_tree_flags load.
+ * Sets `bit` in the tree_flags word; true for the one call that set it. The call that
+ * sets it is a full barrier: a canceller's PUBLISHED store is ordered before its
+ * pc_children_take, and pairs with the full barrier that pc_children_push ends with, so a
+ * link pushed concurrently is either taken by the canceller or sees PUBLISHED in the
+ * pusher's following pc_tree_flags load. A call that finds it set already returns false
+ * after an acquire load (it stored nothing; its later loads come after the bit).
  */
 bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
@@ -121,9 +123,11 @@ uintptr_t pc_tree_flags_after_fence(const pc_promise *_Nonnull promise);
  * parent, taken on the first hold and dropped with the last); this word only counts:
  * PC_HOLDS_SELF is the promise's own hold while it is in flight itself (set once, cleared
  * once by pc_holds_clear_self), each PC_HOLDS_ONE a descendant's, and PC_HOLDS_GONE says
- * the parent was found dead, so there is nothing to hold any more. Every operation is a
- * full barrier: a promise that sets SELF and then reads its state pairs with the publisher
- * that CASes the state and then reads this word (Dekker: one of them sees the other).
+ * the parent was found dead, so there is nothing to hold any more. Every operation that
+ * changes the word is a full barrier: a promise that sets SELF and then reads its state
+ * pairs with the publisher that CASes the state and then reads this word (Dekker: one of
+ * them sees the other). One that finds nothing to change (nothing held, SELF clear, GONE
+ * set already) returns after an acquire load of the word.
  */
 #define PC_HOLDS_SELF 1u
 #define PC_HOLDS_GONE 2u
