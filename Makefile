@@ -7,6 +7,9 @@ BUILD_DIR  ?= .build
 CORE_SRC   := Sources/CPromiseCore/CPromiseCore.c
 CORE_INC   := Sources/CPromiseCore/include
 CORE_TEST  := Tests/CoreTests/core_test.c
+# A second program: adversarial races of the core's calls (its argument multiplies its
+# rounds: 1 in the tests, CORE_RACE_ROUNDS in make stress).
+CORE_RACE  := Tests/CoreTests/core_race_test.c
 CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
 # The Swift toolchain's clang++ (always there with Swift) checks the headers as C++.
 CLANGXX    ?= clang++
@@ -72,9 +75,14 @@ $(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | d
 	@mkdir -p $(BUILD_DIR)
 	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 
-test-core: deps $(BUILD_DIR)/core_test
+$(BUILD_DIR)/core_race_test: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+	@mkdir -p $(BUILD_DIR)
+	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@
+
+test-core: deps $(BUILD_DIR)/core_test $(BUILD_DIR)/core_race_test
 	@echo "==> test-core: the C core alone, from C with pthreads; its headers from C++ too"
 	$(BUILD_DIR)/core_test
+	$(BUILD_DIR)/core_race_test 1
 	$(CLANGXX) -std=c++11 -pedantic-errors -Wno-nullability-extension -Wall -Wextra -Werror \
 		-fsyntax-only -I $(CORE_INC) Tests/CoreTests/header_cxx.cpp
 
@@ -111,3 +119,5 @@ test-core-32: deps
 	@mkdir -p $(BUILD_DIR)
 	$(CLANG) -m32 $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $(BUILD_DIR)/core_test_32
 	$(BUILD_DIR)/core_test_32
+	$(CLANG) -m32 $(CORE_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $(BUILD_DIR)/core_race_test_32
+	$(BUILD_DIR)/core_race_test_32 1

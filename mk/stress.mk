@@ -85,6 +85,8 @@ SAN_CORE_ITERATIONS ?=
 SAN_CORE_KNOBS := $(if $(SAN_CORE_ITERATIONS),PROMISE_STRESS_ITERATIONS=$(SAN_CORE_ITERATIONS)) \
                   PROMISE_STRESS_SECONDS=$(SAN_SECONDS)
 LONG_KNOBS := PROMISE_STRESS_ITERATIONS=$(STRESS_ITERATIONS) PROMISE_STRESS_SECONDS=$(STRESS_SECONDS)
+# The core's race program multiplies its rounds by this under make stress (1 elsewhere).
+CORE_RACE_ROUNDS ?= 40
 
 # What the summary shows: the C test's per-test lines and round counts, the Swift stress
 # lines (rounds, invariants, what the rounds hit), XCTest's totals.
@@ -113,9 +115,10 @@ endef
 stress: stress-core stress-swift
 	@echo "==> stress: passed ($(LONG_KNOBS))"
 
-stress-core: deps $(BUILD_DIR)/core_test
-	@echo "==> stress-core: the C core's racing tests, $(LONG_KNOBS)"
+stress-core: deps $(BUILD_DIR)/core_test $(BUILD_DIR)/core_race_test
+	@echo "==> stress-core: the C core's racing tests, $(LONG_KNOBS), races x$(CORE_RACE_ROUNDS)"
 	$(call logged,$(BUILD_DIR)/stress-core.log,env $(LONG_KNOBS) $(BUILD_DIR)/core_test)
+	$(call logged,$(BUILD_DIR)/stress-core-races.log,$(BUILD_DIR)/core_race_test $(CORE_RACE_ROUNDS))
 
 stress-swift: deps
 	@echo "==> stress-swift: PromiseStressTests in release, $(LONG_KNOBS)"
@@ -127,9 +130,14 @@ $(BUILD_DIR)/core_test_tsan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(TSAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@ $(TSAN_LDFLAGS)
 
-tsan-core: deps $(BUILD_DIR)/core_test_tsan
+$(BUILD_DIR)/core_race_test_tsan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+	@mkdir -p $(BUILD_DIR)
+	$(SAN_CC) $(CORE_CFLAGS) $(TSAN_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@ $(TSAN_LDFLAGS)
+
+tsan-core: deps $(BUILD_DIR)/core_test_tsan $(BUILD_DIR)/core_race_test_tsan
 	@echo "==> tsan-core: the C core tests under ThreadSanitizer, $(strip $(SAN_CORE_KNOBS))"
 	$(call logged,$(TSAN_BUILD)/tsan-core.log,env $(SAN_CORE_KNOBS) $(TSAN_ENV) $(BUILD_DIR)/core_test_tsan)
+	$(call logged,$(TSAN_BUILD)/tsan-core-races.log,env $(TSAN_ENV) $(BUILD_DIR)/core_race_test_tsan 1)
 
 tsan-swift: deps
 	@echo "==> tsan-swift: swift test --sanitize=thread (PromiseTests and PromiseStressTests), $(SAN_KNOBS)"
@@ -147,9 +155,14 @@ $(BUILD_DIR)/core_test_asan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(ASAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 
-asan-core: deps $(BUILD_DIR)/core_test_asan
+$(BUILD_DIR)/core_race_test_asan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+	@mkdir -p $(BUILD_DIR)
+	$(SAN_CC) $(CORE_CFLAGS) $(ASAN_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@
+
+asan-core: deps $(BUILD_DIR)/core_test_asan $(BUILD_DIR)/core_race_test_asan
 	@echo "==> asan-core: the C core tests under AddressSanitizer, LeakSanitizer and UBSan, $(strip $(SAN_CORE_KNOBS))"
 	$(call logged,$(ASAN_BUILD)/asan-core.log,env $(SAN_CORE_KNOBS) $(ASAN_ENV) $(BUILD_DIR)/core_test_asan)
+	$(call logged,$(ASAN_BUILD)/asan-core-races.log,env $(ASAN_ENV) $(BUILD_DIR)/core_race_test_asan 1)
 
 $(LSAN_SUPPRESSIONS_FILE): export LSAN_SUPPRESSIONS_TEXT = $(LSAN_SUPPRESSIONS)
 $(LSAN_SUPPRESSIONS_FILE): mk/stress.mk
