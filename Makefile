@@ -11,8 +11,9 @@ CORE_TEST  := Tests/CoreTests/core_test.c
 # rounds: 1 in the tests, CORE_RACE_ROUNDS in make stress).
 CORE_RACE  := Tests/CoreTests/core_race_test.c
 CORE_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -I $(CORE_INC)
-# The Swift toolchain's clang++ (always there with Swift) checks the headers as C++.
-CLANGXX    ?= clang++
+# The Swift toolchain's clang++ checks the headers as C++ (the system's c++ without it;
+# either rejects a C-only keyword under -pedantic-errors).
+CLANGXX    ?= $(shell command -v clang++ 2>/dev/null || echo c++)
 # Swift warnings are errors. The C core's warnings (-Wall -Wextra) are errors in
 # test-core and test-core-32, which compile it with gcc and clang. No C flags here: they
 # would reach SwiftNIO's C shims too, and SwiftPM rejects `-Xcc -Werror` once a remote
@@ -71,11 +72,11 @@ build: deps
 	@echo "==> build: swift build (warnings as errors)"
 	$(SWIFT) build $(SWIFT_FLAGS)
 
-$(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_test: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 
-$(BUILD_DIR)/core_race_test: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_race_test: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(CC) $(CORE_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@
 

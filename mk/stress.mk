@@ -4,9 +4,9 @@
 #                 with long knobs: STRESS_ITERATIONS rounds per test, capped at
 #                 STRESS_SECONDS each (make stress STRESS_SECONDS=600 for a soak)
 #   make tsan     swift test --sanitize=thread over PromiseTests, PromiseStressTests and
-#                 PromiseNIOTests (SwiftNIO built under the sanitizer too), plus the C
-#                 test built with clang -fsanitize=thread
-#   make asan     the same with --sanitize=address (LeakSanitizer on), and the C test
+#                 PromiseNIOTests (SwiftNIO built under the sanitizer too), plus the two C
+#                 tests built with clang -fsanitize=thread
+#   make asan     the same with --sanitize=address (LeakSanitizer on), and the C tests
 #                 with -fsanitize=address,undefined; without the SwiftNIO trait (PromiseNIO
 #                 is glue over NIO's own memory management, and TSan already runs its
 #                 tests): building SwiftNIO under ASan would cost CI a minute and a half
@@ -50,7 +50,7 @@ TSAN_ENV := TSAN_OPTIONS='halt_on_error=0 second_deadlock_stack=1'
 DETECT_LEAKS := $(if $(filter Linux,$(shell uname -s)),1,0)
 ASAN_ENV := ASAN_OPTIONS='detect_leaks=$(DETECT_LEAKS)' UBSAN_OPTIONS='print_stacktrace=1 halt_on_error=1'
 
-# LeakSanitizer suppressions for the Swift test process only (the C test needs none).
+# LeakSanitizer suppressions for the Swift test process only (the C tests need none).
 # With `swift test --sanitize=address` on Linux, LSan reports at exit what the test
 # harness itself never frees: swift-corelibs-xctest builds every XCTestCase, test run and
 # suite in XCTMain and exits without releasing them, its expectation machinery leaves
@@ -88,7 +88,7 @@ LONG_KNOBS := PROMISE_STRESS_ITERATIONS=$(STRESS_ITERATIONS) PROMISE_STRESS_SECO
 # The core's race program multiplies its rounds by this under make stress (1 elsewhere).
 CORE_RACE_ROUNDS ?= 40
 
-# What the summary shows: the C test's per-test lines and round counts, the Swift stress
+# What the summary shows: the C tests' per-test lines and round counts, the Swift stress
 # lines (rounds, invariants, what the rounds hit), XCTest's totals.
 SUMMARY_LINES := ^(ok|not ok) - |^\# .*rounds in|^[0-9]+ passed, [0-9]+ failed|^stress: |Executed [0-9]+ tests?, with
 
@@ -126,11 +126,11 @@ stress-swift: deps
 
 # ---- ThreadSanitizer -------------------------------------------------------------------
 
-$(BUILD_DIR)/core_test_tsan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_test_tsan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(TSAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@ $(TSAN_LDFLAGS)
 
-$(BUILD_DIR)/core_race_test_tsan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_race_test_tsan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(TSAN_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@ $(TSAN_LDFLAGS)
 
@@ -151,11 +151,11 @@ tsan: tsan-core tsan-swift
 
 # ---- AddressSanitizer (+ LeakSanitizer; UndefinedBehaviorSanitizer for C) -------------
 
-$(BUILD_DIR)/core_test_asan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_test_asan: $(CORE_SRC) $(CORE_TEST) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(ASAN_CFLAGS) $(CORE_SRC) $(CORE_TEST) -o $@
 
-$(BUILD_DIR)/core_race_test_asan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h) | deps
+$(BUILD_DIR)/core_race_test_asan: $(CORE_SRC) $(CORE_RACE) $(wildcard $(CORE_INC)/*.h Tests/CoreTests/*.h) | deps
 	@mkdir -p $(BUILD_DIR)
 	$(SAN_CC) $(CORE_CFLAGS) $(ASAN_CFLAGS) $(CORE_SRC) $(CORE_RACE) -o $@
 

@@ -1,5 +1,6 @@
 /*
- * core_race_test: an adversarial multi-threaded stress harness for CPromiseCore.
+ * core_race_test: races of the core's calls on several threads, the way the overlay makes
+ * them, with exact invariants checked after every round.
  *
  *   make test-core (plain), make tsan-core and make asan-core (sanitizers), make
  *   test-core-32 (i386) and make stress-core (CORE_RACE_ROUNDS times the rounds) build
@@ -26,10 +27,14 @@
  *      newest first, before the outermost call returns.
  *   E  the retirement gate, count_down / once, word lock / take / take_marked, holds
  *      Dekker with publish, forwarding begin/end.
+ *   F  a prune's put-back of the nodes it kept racing a flood of pushes.
+ *   G  holds against a retirement's registry count, and context calls nesting past their
+ *      limit.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "CPromiseCore.h"
+#include "spin_barrier.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -73,13 +78,8 @@ static uint64_t rnd(void) {
     return x;
 }
 
-static void spin(unsigned n) {
-    for (volatile unsigned i = 0; i < n; i++) {
-    }
-}
-
 typedef struct {
-    pthread_barrier_t start, done;
+    spin_barrier start, done;
     atomic_bool stop;
     unsigned nthreads;
     void (*play)(unsigned me, unsigned long round);
@@ -92,12 +92,12 @@ static void *crew_main(void *arg) {
     tid = (unsigned)(uintptr_t)arg;
     rng_state = 0x1234567ull * (tid + 1);
     for (;;) {
-        pthread_barrier_wait(&the_crew.start);
+        spin_barrier_wait(&the_crew.start);
         if (atomic_load(&the_crew.stop)) {
             return NULL;
         }
         the_crew.play(tid, atomic_load(&the_crew.round));
-        pthread_barrier_wait(&the_crew.done);
+        spin_barrier_wait(&the_crew.done);
     }
 }
 
@@ -109,8 +109,8 @@ static void run_crew(const char *name, unsigned n, unsigned long rounds,
     the_crew.nthreads = n;
     the_crew.play = play;
     atomic_store(&the_crew.stop, false);
-    pthread_barrier_init(&the_crew.start, NULL, n + 1);
-    pthread_barrier_init(&the_crew.done, NULL, n + 1);
+    spin_barrier_init(&the_crew.start, n + 1);
+    spin_barrier_init(&the_crew.done, n + 1);
     for (unsigned i = 0; i < n; i++) {
         if (pthread_create(&threads[i], NULL, crew_main, (void *)(uintptr_t)(i + 1)) != 0) {
             FAIL("pthread_create");
@@ -119,17 +119,15 @@ static void run_crew(const char *name, unsigned n, unsigned long rounds,
     for (unsigned long r = 0; r < rounds; r++) {
         prepare(r);
         atomic_store(&the_crew.round, r);
-        pthread_barrier_wait(&the_crew.start);
-        pthread_barrier_wait(&the_crew.done);
+        spin_barrier_wait(&the_crew.start);
+        spin_barrier_wait(&the_crew.done);
         check(r);
     }
     atomic_store(&the_crew.stop, true);
-    pthread_barrier_wait(&the_crew.start);
+    spin_barrier_wait(&the_crew.start);
     for (unsigned i = 0; i < n; i++) {
         pthread_join(threads[i], NULL);
     }
-    pthread_barrier_destroy(&the_crew.start);
-    pthread_barrier_destroy(&the_crew.done);
     printf("ok - %s (%lu rounds)\n", name, rounds);
     fflush(stdout);
 }
@@ -253,7 +251,7 @@ static void a_play(unsigned me, unsigned long round) {
                 atomic_store(&o->gave_up, true);
             }
             if ((rnd() & 7) == 0) {
-                spin((unsigned)(rnd() % 200));
+                spin_for((unsigned)(rnd() % 200));
             }
             /* re-register nodes a prune released: same address again */
             unsigned j = (unsigned)(rnd() % (i + 1));
@@ -283,7 +281,7 @@ static void a_play(unsigned me, unsigned long round) {
             if (pc_prune(&a_p.core, a_gave_up, a_release, &a_p, &kept)) {
                 atomic_fetch_add(&a_prunes_ok, 1);
             }
-            spin((unsigned)(rnd() % 50));
+            spin_for((unsigned)(rnd() % 50));
         }
         /* a prune of a settled promise does nothing */
         REQUIRE(!pc_prune(&a_p.core, a_gave_up, a_release, &a_p, &kept),
@@ -297,7 +295,7 @@ static void a_play(unsigned me, unsigned long round) {
         while (atomic_load(&a_registrations) - a_registrations_at_start < target) {
             sched_yield();
         }
-        spin((unsigned)(rnd() % 2000));
+        spin_for((unsigned)(rnd() % 2000));
         uintptr_t outcome = PC_FULFILLED + (uintptr_t)(round % 3);
         REQUIRE(pc_claim(&a_p.core, PC_CLAIM_FREE, outcome), "claim lost");
         a_p.payload = 0xC0FFEE00u + outcome;
@@ -363,7 +361,8 @@ static bool b_gave_up(pc_node *node, void *context) {
         while (atomic_load(&b_phase) != 3) {
             sched_yield();
         }
-        /* publisher is now waiting (it found PENDING|FIRING) */
+        /* The publisher is about to call pc_publish, or in it: while we hold the stack
+         * it must not return, however long we give it (it waits for the prune). */
         for (int i = 0; i < 2000; i++) {
             REQUIRE(!atomic_load(&b_publisher_returned), "publisher did not wait for the prune");
             sched_yield();
@@ -494,13 +493,13 @@ static void c_play(unsigned me, unsigned long round) {
                 atomic_store(&c->self_saw, 1);
             }
             if ((rnd() & 3) == 0) {
-                spin((unsigned)(rnd() % 300));
+                spin_for((unsigned)(rnd() % 300));
             }
         }
         return;
     }
     if (me == C_CANCELLER) {
-        spin((unsigned)((round * 4099) % 6000));
+        spin_for((unsigned)((round * 4099) % 6000));
         REQUIRE(pc_tree_flags_set(&c_p, PC_TREE_CANCEL_CLAIMED), "claimed twice");
         REQUIRE(pc_tree_flags_set(&c_p, PC_TREE_CANCEL_PUBLISHED), "published twice");
         unsigned n = c_take_and_push_back(taken, C_PUSHERS * C_LINKS);
@@ -521,7 +520,7 @@ static void c_play(unsigned me, unsigned long round) {
                 }
                 atomic_fetch_add(&c_reach_by_pruner, n);
             }
-            spin((unsigned)(rnd() % 100));
+            spin_for((unsigned)(rnd() % 100));
         }
     }
 }
@@ -718,7 +717,7 @@ static void e_play(unsigned me, unsigned long round) {
         if (in) {
             atomic_fetch_add(&e_inside, 1);
             REQUIRE(!atomic_load(&e_retired), "callback inside after retirement");
-            spin((unsigned)(rnd() % 100));
+            spin_for((unsigned)(rnd() % 100));
             atomic_fetch_sub(&e_inside, 1);
         }
         bool request = (rnd() & 1) != 0 && k == 2;
@@ -751,7 +750,7 @@ static void e_play(unsigned me, unsigned long round) {
     }
     /* holds Dekker: thread 1 goes in flight, thread 2 publishes */
     if (me == 1) {
-        spin((unsigned)(round % 500));
+        spin_for((unsigned)(round % 500));
         pc_holds_add(&e_lin, PC_HOLDS_SELF);
         if (pc_state_after_hold(&e_hp) != PC_PENDING) {
             atomic_store(&e_saw_pub, 1);
@@ -760,7 +759,7 @@ static void e_play(unsigned me, unsigned long round) {
             }
         }
     } else if (me == 2) {
-        spin((unsigned)((round * 13) % 500));
+        spin_for((unsigned)((round * 13) % 500));
         REQUIRE(pc_claim(&e_hp, PC_CLAIM_FREE, PC_FULFILLED), "claim");
         pc_publish(&e_hp);
         if (pc_holds_after_publish(&e_lin) & PC_HOLDS_SELF) {
@@ -772,7 +771,7 @@ static void e_play(unsigned me, unsigned long round) {
     }
     /* forwarding */
     pc_forwarding_begin();
-    spin((unsigned)(rnd() % 50));
+    spin_for((unsigned)(rnd() % 50));
     pc_forwarding_end();
 }
 
@@ -953,7 +952,7 @@ static void g_play(unsigned me, unsigned long round) {
                 atomic_fetch_add(&g_refs, 1);
             }
         }
-        spin((unsigned)(rnd() % 20));
+        spin_for((unsigned)(rnd() % 20));
         uintptr_t before = pc_holds_remove_one(&g_lin);
         if (g_units(before) == 1) {
             REQUIRE(atomic_fetch_sub(&g_refs, 1) >= 1, "reference dropped below zero");
@@ -963,7 +962,7 @@ static void g_play(unsigned me, unsigned long round) {
     if (me == 1) {
         for (unsigned k = 0; k < 100; k++) {
             REQUIRE(pc_tree_flags_set(&g_p, PC_TREE_RETIRING), "RETIRING already set");
-            spin((unsigned)(rnd() % 30));
+            spin_for((unsigned)(rnd() % 30));
             pc_tree_flags_update(&g_p, PC_TREE_RETIRING, (k == 99) ? PC_TREE_RETIRED : 0);
         }
         atomic_store(&g_retire_done, 1);

@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "CPromiseCore.h"
+#include "spin_barrier.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -727,56 +728,6 @@ static void test_chain_on_small_stack(verdict *v) {
 }
 
 /* ---- threads for the stress tests ------------------------------------------------- */
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-/* Busy work of a chosen length, to shift one thread against another. Not synchronisation. */
-static void spin_for(unsigned iterations) {
-    for (volatile unsigned i = 0; i < iterations; i++) {
-    }
-}
-
-/*
- * Sense-reversing spin barrier: releases all parties within a few cycles of each other
- * (a futex barrier wakes them one by one, which would rarely let them race). Spins yield
- * after a while so that more parties than cores still make progress.
- * acq_rel on the arrival and release/acquire on the generation order everything each
- * party did before the barrier before everything any party does after it.
- */
-typedef struct {
-    atomic_uint arrived;
-    atomic_uint generation;
-    unsigned parties;
-} spin_barrier;
-
-static void spin_barrier_init(spin_barrier *b, unsigned parties) {
-    atomic_init(&b->arrived, 0);
-    atomic_init(&b->generation, 0);
-    b->parties = parties;
-}
-
-static void spin_barrier_wait(spin_barrier *b) {
-    unsigned generation = atomic_load_explicit(&b->generation, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) + 1 == b->parties) {
-        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
-        atomic_store_explicit(&b->generation, generation + 1, memory_order_release);
-        return;
-    }
-    for (unsigned spins = 0;
-         atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
-        if (spins < 200) {
-            cpu_relax();
-        } else {
-            sched_yield();
-        }
-    }
-}
 
 /*
  * A crew: the main thread (participant 0) and size - 1 worker threads that play one
