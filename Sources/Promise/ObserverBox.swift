@@ -267,8 +267,9 @@ final class FollowObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         super.init()
     }
 
-    /// A cancelled follower takes no outcome (its claim is final).
-    override var gaveUp: Bool { target.isCancelled }
+    /// A follower whose claim is no longer FOLLOWING takes no outcome (cancelled, or
+    /// rejected as a cycle): its claim is final, published or not yet.
+    override var gaveUp: Bool { target.claimHint != UInt(PC_CLAIM_FOLLOWING) }
 
     /// The follower takes the followed promise's outcome. Settled by someone other than
     /// its handler (as by its holder), it keeps its parent from before its claim through

@@ -90,6 +90,23 @@ final class DescriptionTests: XCTestCase {
         XCTAssertTrue(polled.debugDescription.hasSuffix(", observers waiting, root"), polled.debugDescription)
     }
 
+    /// A promise locked in by `resolve(with:)` that rejected as a cycle, or was cancelled,
+    /// takes nothing from the promise it meant to follow: that one has no observer waiting
+    /// (nor is it a broken promise if dropped).
+    func testAFollowerThatRejectedAsACycleNoLongerWaits() {
+        let follower = Promise<Int>(), other = Promise<Int>()
+        let followed = Promise.allSettled([follower, other]).map(on: .immediate) { $0.count }
+        follower.resolve(with: followed)
+        XCTAssertTrue(isPromiseError(outcome(follower, timeout: 1), .cycle), "\(follower)")
+        XCTAssertTrue(followed.debugDescription.contains(", no observers waiting, "), followed.debugDescription)
+        let cancelled = Promise<Int>(), pending = Promise<Int>()
+        cancelled.resolve(with: pending)
+        XCTAssertTrue(pending.debugDescription.contains(", observers waiting, "), pending.debugDescription)
+        cancelled.cancel()
+        XCTAssertTrue(pending.debugDescription.contains(", no observers waiting, "), pending.debugDescription)
+        other.fulfill(0)
+    }
+
     func testDebugDescriptionShowsTheParentWhileItLives() {
         var parent: Promise<String>? = Promise<String>()
         let child = parent!.then(on: .immediate) { $0.count }
