@@ -156,9 +156,9 @@ extension AnyPromise {
     /// still waits on its parent, and the skip holds until it locks in, which advances the
     /// walk epoch (`recordFollowee`). Full barrier between the mark and the look.
     final func markWalkedThrough() -> UInt {
-        if treeFlags & TreeFlag.walkedThrough == 0 {
-            _ = setTreeFlag(TreeFlag.walkedThrough)
-        } else {
+        // The call that sets the mark is the barrier; one that finds it set (another
+        // walk's, perhaps at this moment) fences on its own.
+        if treeFlags & TreeFlag.walkedThrough != 0 || !setTreeFlag(TreeFlag.walkedThrough) {
             fullFence()
         }
         return claimHint

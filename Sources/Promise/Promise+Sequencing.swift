@@ -45,6 +45,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     private let limit: Int
     private let output = Promise<[Value]>(madeByLibrary: ())
     private let context: any ExecutionContext
+    /// Whether `context` runs every work it is given, so that a step needs no `WatchedWork`.
+    private let contextRunsEveryWork: Bool
     /// The user's work; let go of when the run stops (under the lock).
     private var work: (@Sendable (Input) throws -> Promise<Value>)?
 
@@ -57,6 +59,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
         iterator = AnyIterator(inputs.makeIterator())
         self.limit = limit
         self.context = context
+        contextRunsEveryWork = context.runsEveryWork
         self.work = work
     }
 
@@ -189,7 +192,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             // up now.
             if !output.isPending { step.runStoppedWatching() }
         }
-        if context.runsEveryWork { return context.execute(startStep) }
+        if contextRunsEveryWork { return context.execute(startStep) }
         // Weak: a run nothing else holds is freed with the work, and its deinit breaks it.
         context.execute(WatchedWork(startStep, ifDropped: { [weak self] in self?.fail(PromiseError.brokenPromise) }).work)
     }
@@ -287,7 +290,10 @@ extension Promise {
     /// returns a promise rejected with `PromiseError.invalidArgument`, which says so.
     ///
     /// Threading: `work` runs on `context`; the inputs are pulled on whichever thread
-    /// finishes a step, one thread at a time.
+    /// finishes a step, one thread at a time. A context that lets go of a step's work
+    /// unrun (an `OperationQueue` whose operations were cancelled) rejects the result with
+    /// `PromiseError.brokenPromise` a moment later, as a first error does: the work in
+    /// flight is cancelled and no more starts.
     public static func all<Inputs: Sequence>(
         _ inputs: Inputs,
         maxConcurrent: Int,

@@ -158,6 +158,8 @@ struct PromiseTimer: Sendable {
         for _ in 0..<earlyWakeLimit {
             try await clock.sleep(until: deadline, tolerance: nil)
             if clock.now >= deadline { return }
+            // A clock may answer a cancel by returning, not throwing: no sleep again then.
+            try Task.checkCancellation()
         }
         throw PromiseError.invalidArgument(
             "the clock \(C.self) returned from sleep(until:) before its deadline \(earlyWakeLimit) times in a row, so it cannot time anything")
@@ -184,8 +186,8 @@ struct PromiseTimer: Sendable {
         case .sentAtOnce(let box):
             _ = box.take()
         case .task(let task, let box):
+            _ = box.take()  // first: the Task, woken by the cancel, then finds nothing to fail
             task.cancel()
-            _ = box.take()
         case .scheduled(let cancel, let box):
             cancel()
             _ = box.take()

@@ -62,8 +62,9 @@ public enum PromiseError: Error, Sendable {
     /// p.resolve(with: p)   // p rejects with PromiseError.cycle
     /// ```
     case cycle
-    /// An argument was out of range, such as `Promise.retry(attempts: 0)`; the text says
-    /// which and why.
+    /// An argument was out of range, such as `Promise.retry(attempts: 0)`, or a clock
+    /// given to a timer cannot time it (its `sleep` keeps returning before the deadline);
+    /// the text says which and why.
     ///
     /// ```swift
     /// Promise<Int>.retry(attempts: 0) { fetch() }

@@ -93,8 +93,10 @@ final class TimeoutFollower<Value: Sendable>: WaiterEntry, @unchecked Sendable {
 
     override var settledPromise: AnyPromise? { child }
 
-    /// Not once anyone claimed the child (the timer, a cancel, its holder, a lock-in):
-    /// the entry may still be listed while that settle publishes, and then leaves.
+    /// Not once anyone claimed the child: the timer, a cancel or its holder (the entry
+    /// may still be listed while that settle publishes, and then leaves), or a lock-in by
+    /// `resolve(with:)` (listed until this promise settles, and then the child stays in
+    /// flight below it, following the other promise: `deliver`).
     override var takesTheOutcome: Bool { child.claimHint == UInt(PC_CLAIM_FREE) }
 
     /// Settles the child as the receiver settled; a cancel forwarded to the receiver (or
