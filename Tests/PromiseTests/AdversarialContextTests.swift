@@ -1,4 +1,4 @@
-// Adversarial tests of execution contexts: registration order on serial contexts while
+// Races on execution contexts: registration order on serial contexts while
 // the promise settles on another thread (through every way a promise can settle), the
 // barrier rule on concurrent queues for every form that runs user code, no Zalgo from
 // inside the context's own queue, custom contexts that delay, outlive their owners or
@@ -11,14 +11,6 @@ import XCTest
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// A thread-safe sum.
-private final class Tally: @unchecked Sendable {
-    private let lock = NSLock()
-    private var total = 0
-    func increment(by n: Int) { lock.withLock { total += n } }
-    var value: Int { lock.withLock { total } }
-}
 
 // MARK: Contexts
 
@@ -164,7 +156,7 @@ final class AdversarialContextTests: XCTestCase {
     /// handlers that run on `context` must run in that thread's registration order.
     private func checkPerThreadOrder(context name: String, _ context: any ExecutionContext, mode: SettleMode,
                                      rounds: Int, threads: Int = 3, perThread: Int = 44,
-                                     problems: Recorder<String>, checkedRuns: Tally) {
+                                     problems: Recorder<String>, checkedRuns: Counter) {
         let noise = DispatchQueue(label: "AdversarialContextTests.noise")
         let state = (0..<rounds).map { _ in OrderRound(mode: mode, threads: threads) }
         let finished = raceOnThreads(threads: threads + 1, rounds: rounds) { thread, round in
@@ -222,7 +214,7 @@ final class AdversarialContextTests: XCTestCase {
     /// registering thread, whichever way the promise settles while threads register.
     func testSerialContextsKeepEachThreadsRegistrationOrderWhateverSettlesThePromise() {
         let problems = Recorder<String>()
-        let checkedRuns = Tally()
+        let checkedRuns = Counter()
         for (name, context) in serialContexts() {
             for mode in SettleMode.allCases {
                 checkPerThreadOrder(context: name, context, mode: mode, rounds: 40, problems: problems, checkedRuns: checkedRuns)
@@ -594,7 +586,7 @@ final class AdversarialContextTests: XCTestCase {
     func testSerialQueueKeepsPerThreadOrderWhilePrunesRace() {
         let queue = DispatchQueue(label: "AdversarialContextTests.prune")
         let problems = Recorder<String>()
-        let checked = Tally()
+        let checked = Counter()
         let rounds = 60
         let promises = (0..<rounds).map { _ in Promise<Int>() }
         let records = (0..<rounds).map { _ in Recorder<(Int, Int)>() }
@@ -689,12 +681,13 @@ final class AdversarialContextTests: XCTestCase {
             let lock = NSLock()
             let tickets = Counter()
             let order = Recorder<Int>()
-            let overlapping = Counter(), active = Counter(), left = Counter()
+            let overlapping = Counter(), active = Counter(), left = Counter(), outsideTheSettle = Counter()
             let finished = raceOnThreads(threads: 3, rounds: 1) { _, _ in
                 for _ in 0..<40 {
                     lock.lock()
                     let ticket = tickets.increment()
                     p.whenComplete(on: .immediate) { _ in
+                        if !ThreadMarker.isInside("settle") { outsideTheSettle.increment() }
                         if active.increment() - left.value > 1 { overlapping.increment() }
                         order.append(ticket)
                         left.increment()
@@ -703,9 +696,8 @@ final class AdversarialContextTests: XCTestCase {
                 }
             }
             XCTAssertTrue(finished)
-            var returned = false
-            ThreadMarker.inside("settle") { _ = p.fulfill(round); returned = true }
-            XCTAssertTrue(returned)
+            ThreadMarker.inside("settle") { _ = p.fulfill(round) }
+            if outsideTheSettle.value != 0 { problems.append("round \(round): \(outsideTheSettle.value) ran outside the settling call") }
             if order.values != Array(1...120) { problems.append("round \(round): \(order.values.prefix(20))...") }
             if overlapping.value != 0 { problems.append("round \(round): overlapped") }
         }

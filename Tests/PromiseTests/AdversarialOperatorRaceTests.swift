@@ -1,6 +1,6 @@
-// Adversarial races on the server operators: `retry` (pauses on a manual clock, attempts
-// failing as the output is cancelled), bounded fan-out (`all(_:maxConcurrent:)`,
-// `sequence`), `timeout`/`delay`/`after` timers racing cancels, and the diagnostics each
+// Races on the server operators: `retry` (pauses on a manual clock, attempts failing as
+// the output is cancelled), bounded fan-out (`all(_:maxConcurrent:)`, `sequence`),
+// `timeout`/`delay`/`after` timers racing cancels, and the diagnostics each
 // dropped or cancelled promise must (or must not) report. Each test races two or three
 // threads released together over many rounds and checks an exact invariant once
 // everything settled; every wait is bounded.
@@ -9,7 +9,7 @@ import Foundation
 import XCTest
 @testable import Promise
 
-// MARK: Helpers (private to this file)
+// MARK: What the tests share
 
 private final class LockedBox<T>: @unchecked Sendable {
     private let lock = NSLock()
@@ -60,10 +60,6 @@ private final class RecordedDiagnostics: @unchecked Sendable {
     func count(_ filter: (Event) -> Bool) -> Int { all.filter(filter).count }
 }
 
-/// `eventually`, with a shorter bound by default: these tests poll many rounds.
-private func eventuallyWithin(_ seconds: TimeInterval = 5, _ condition: () -> Bool) -> Bool {
-    eventually(timeout: seconds, condition)
-}
 
 /// Busy for about `n` additions: sweeps one thread's action across the other's window.
 private func spin(_ n: Int) {
@@ -111,7 +107,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.attempts.value[0].reject(OperatorError(id: -1))
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup: every run pauses")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup: every run pauses")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.clock.advance(by: .seconds(1)) } else { row.output!.cancel(reason: row.reason) }
@@ -120,12 +116,12 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         for (round, row) in rows.enumerated() {
             let output = row.output!
             if !output.isCancelled { problems.append("round \(round): output \(output.state)") }
-            if !eventuallyWithin(2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): a sleeper is left on the clock") }
+            if !eventually(timeout: 2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): a sleeper is left on the clock") }
         }
         // Drop the outputs: a run is freed only once its pause and its attempts let go.
         for row in rows { row.output = nil }
         for (round, row) in rows.enumerated() {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): the output (and its run) is kept") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): the output (and its run) is kept") }
             let attempts = row.attempts.value
             if attempts.count > 2 { problems.append("round \(round): \(attempts.count) attempts") }
             if attempts.count == 2 {
@@ -138,7 +134,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             }
             if problems.count > 20 { break }
         }
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures of the user's code kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures of the user's code kept: \(alive.alive)")
         XCTAssertEqual(problems, [], "\(problems.count) problems")
     }
 
@@ -175,7 +171,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.weakOutput = output
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.attempts.value.count == 1 } }, "setup")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.attempts.value.count == 1 } }, "setup")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.attempts.value[0].reject(OperatorError(id: -1)) } else { row.output!.cancel(reason: row.reason) }
@@ -187,7 +183,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             let output = row.output!
             if !output.isCancelled { problems.append("round \(round): output \(output.state)") }
             if (try? output.wait(timeout: .seconds(1))) != nil { problems.append("round \(round): output has a value") }
-            if !eventuallyWithin(2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the pause still sleeps on the clock") }
+            if !eventually(timeout: 2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the pause still sleeps on the clock") }
             let attempts = row.attempts.value
             if attempts.count != 1 { problems.append("round \(round): \(attempts.count) attempts") }
             if attempts[0].isPending { problems.append("round \(round): attempt 1 pending") }
@@ -195,9 +191,9 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         }
         for row in rows { row.output = nil }
         for (round, row) in rows.enumerated() where problems.count <= 20 {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): the output (and its run) is kept") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): the output (and its run) is kept") }
         }
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures of the user's code kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures of the user's code kept: \(alive.alive)")
         XCTAssertEqual(problems, [], "\(problems.count) problems")
         // The attempts' rejections were read by the run (or the run stopped watching
         // them): freed, none is an unhandled rejection; a cancelled output never is.
@@ -294,7 +290,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.weakOutput = output
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.steps.value.count == 3 } }, "setup: three steps in flight")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.steps.value.count == 3 } }, "setup: three steps in flight")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 {
@@ -348,9 +344,9 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         // Settle whatever we may have left (none should be pending), then check the runs are gone.
         for row in rows { for step in row.steps.value.values { step.cancel() } }
         for (round, row) in rows.enumerated() where problems.count <= 20 {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): output kept") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): output kept") }
         }
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures of the work kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures of the work kept: \(alive.alive)")
         XCTAssertEqual(problems, [], "\(problems.count) problems")
         // Steps rejected by us were read by the run (or it stopped watching them); the
         // outputs were held and are freed now: a rejected one unread is reported, once.
@@ -361,10 +357,10 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         XCTAssertEqual(rejectedOutputs.filter { $0.kind != "unhandled" }.count, 0)
     }
 
-    // MARK: bounded fan-out / sequence dropped unheld, two steps failing at once
+    // MARK: bounded fan-out dropped unheld, two steps failing at once
 
-    /// Nobody holds the output of `all(_:maxConcurrent:)` (or `sequence`, whose one step
-    /// fails while another thread fails nothing): two threads reject two steps at once.
+    /// Nobody holds the output of `all(_:maxConcurrent:)`: two threads reject two steps at
+    /// once.
     /// The output rejects once, is freed, and is reported once as an unhandled rejection;
     /// no step is reported (the run read their errors, or cancelled them).
     func testDroppedBoundedFanOutOutputFailedFromTwoThreadsIsReportedOnce() {
@@ -394,21 +390,20 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         })
         var problems: [String] = []
         for (round, row) in rows.enumerated() {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): output kept") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): output kept") }
             for (i, step) in row.steps.value where step.isPending { problems.append("round \(round): step \(i) pending") }
             if problems.count > 20 { break }
         }
         XCTAssertEqual(problems, [])
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures of the work kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures of the work kept: \(alive.alive)")
         for row in rows { row.steps.withLock { $0 = [:] } }
         let all = events.all
         let isOutput = { (e: RecordedDiagnostics.Event) in e.type.contains("[") || e.type.contains("Array") }
         let outputReports = all.filter(isOutput)
         let stepReports = all.filter { !isOutput($0) }
-        if !stepReports.isEmpty { print("step report types: \(Set(stepReports.map(\.type)))") }
         XCTAssertEqual(outputReports.filter { $0.kind == "unhandled" }.count, rounds, "one unhandled rejection per dropped output")
         XCTAssertEqual(outputReports.filter { $0.kind != "unhandled" }.count, 0)
-        XCTAssertEqual(stepReports.map { "\($0.kind) \($0.error)" }, [], "steps reported")
+        XCTAssertEqual(stepReports.map { "\($0.kind) \($0.type) \($0.error)" }, [], "steps reported")
     }
 
     // MARK: timeout: the timer firing racing a cancel of the child and the receiver settling
@@ -517,12 +512,12 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         for (round, row) in rows.enumerated() {
             if !row.child!.isCancelled { problems.append("round \(round): child \(row.child!.state)") }
             if !row.observed.wait(timeout: 2) || row.observed.overshoot != 0 { problems.append("round \(round): observer ran \(row.observed.overshoot + 1)?") }
-            if !eventuallyWithin(2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the timer still sleeps") }
+            if !eventually(timeout: 2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the timer still sleeps") }
             if problems.count > 20 { break }
         }
         for row in rows { row.receiver = nil; row.child = nil }
         XCTAssertEqual(problems, [])
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "delayed values kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "delayed values kept: \(alive.alive)")
     }
 
     /// `delay` on a manual clock whose receiver fulfilled: advancing the clock races a
@@ -545,7 +540,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.child = child
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.clock.advance(by: .seconds(5)) } else { row.child!.cancel() }
@@ -557,12 +552,12 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             if row.observed.overshoot != 0 { problems.append("round \(round): observer ran twice") }
             if row.child!.isFulfilled { fulfilled += 1 }
             if row.child!.isPending || row.child!.isRejected { problems.append("round \(round): child \(row.child!.state)") }
-            if !eventuallyWithin(2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the timer still sleeps") }
+            if !eventually(timeout: 2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): the timer still sleeps") }
             if problems.count > 20 { break }
         }
         for row in rows { row.child = nil }
         XCTAssertEqual(problems, [])
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "delayed values kept: \(alive.alive) (fulfilled \(fulfilled))")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "delayed values kept: \(alive.alive) (fulfilled \(fulfilled))")
     }
 
     // MARK: after on a manual clock: advance racing cancel
@@ -588,7 +583,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.weakTimer = timer
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.clock.sleeperCount == 1 } }, "setup")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.clock.advance(by: .seconds(3)) } else { row.timer!.cancel() }
@@ -602,19 +597,19 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             // A cancel of a fulfilled timer may still reach its child before its handler ran
             // (documented): the child then ends cancelled and its handler never runs.
             let child = row.thenChild!
-            if !eventuallyWithin(2, { !child.isPending }) { problems.append("round \(round): then-child pending") }
+            if !eventually(timeout: 2, { !child.isPending }) { problems.append("round \(round): then-child pending") }
             // (A handler already running when the cancel came runs to its end, and its
             // child ends cancelled: documented. So only "fulfilled without the handler"
             // and "ran twice" are wrong.)
             if (child.isFulfilled && row.thens.value != 1) || row.thens.value > 1 || (timer.isCancelled && row.thens.value != 0) {
                 problems.append("round \(round): then-child \(child.state), handler ran \(row.thens.value)")
             }
-            if !eventuallyWithin(2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): still sleeping") }
+            if !eventually(timeout: 2, { row.clock.sleeperCount == 0 }) { problems.append("round \(round): still sleeping") }
             if problems.count > 20 { break }
         }
         for row in rows { row.timer = nil; row.thenChild = nil }
         for (round, row) in rows.enumerated() where problems.count <= 20 {
-            if !eventuallyWithin(2, { row.weakTimer == nil }) { problems.append("round \(round): timer promise kept") }
+            if !eventually(timeout: 2, { row.weakTimer == nil }) { problems.append("round \(round): timer promise kept") }
         }
         XCTAssertEqual(problems, [])
     }
@@ -642,8 +637,8 @@ final class AdversarialOperatorRaceTests: XCTestCase {
                 return Promise<OpRaceRetryValue>(error: OperatorError(id: n))
             }
         }
-        XCTAssertTrue(eventuallyWithin(20) { alive.alive == 0 }, "runs kept: \(alive.alive)")
-        XCTAssertTrue(eventuallyWithin(20) { events.count { !$0.hasSite } >= runs })
+        XCTAssertTrue(eventually(timeout: 20) { alive.alive == 0 }, "runs kept: \(alive.alive)")
+        XCTAssertTrue(eventually(timeout: 20) { events.count { !$0.hasSite } >= runs })
         XCTAssertEqual(calls.value, runs * 3)
         let all = events.all
         XCTAssertEqual(all.filter { $0.hasSite }.map { "\($0.kind) \($0.error)" }, [], "attempts reported")
@@ -683,9 +678,9 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         }
         for row in rows { row.output = nil }
         for (round, row) in rows.enumerated() where problems.count <= 20 {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): output kept by its cancelled pause") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): output kept by its cancelled pause") }
         }
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures kept: \(alive.alive)")
         XCTAssertEqual(problems, [])
     }
 
@@ -720,7 +715,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
                 done.signal()
             }.start()
             XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
-            if !eventuallyWithin(5, { !output.isPending }) { problems.append("round \(round): output pending"); continue }
+            if !eventually(timeout: 5, { !output.isPending }) { problems.append("round \(round): output pending"); continue }
             concurrent.sync(flags: .barrier) {}
             if output.isFulfilled {
                 let values = (try? output.wait(timeout: .seconds(1)))?.map(\.n)
@@ -728,7 +723,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             } else if callsAfter.value > 4 {
                 problems.append("round \(round): \(callsAfter.value) factory calls after cancel returned")
             }
-            if !eventuallyWithin(5, { made.value.allSatisfy { !$0.isPending } }) { problems.append("round \(round): a step left pending") }
+            if !eventually(timeout: 5, { made.value.allSatisfy { !$0.isPending } }) { problems.append("round \(round): a step left pending") }
             if problems.count > 20 { break }
         }
         XCTAssertEqual(problems, [])
@@ -820,7 +815,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         let before = residentBytes()
         for i in 0..<20_000 { round(i) }
         let after = residentBytes()
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "buffers kept by cancelled runs: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "buffers kept by cancelled runs: \(alive.alive)")
         // AddressSanitizer's quarantine keeps freed memory resident: the count above is
         // the check there.
         let underAddressSanitizer = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "__asan_init") != nil
@@ -889,7 +884,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             row.weakOutput = output
             return row
         }
-        XCTAssertTrue(eventuallyWithin(20) { rows.allSatisfy { $0.allLeaves.count == 2 } }, "setup: two leaves in flight")
+        XCTAssertTrue(eventually(timeout: 20) { rows.allSatisfy { $0.allLeaves.count == 2 } }, "setup: two leaves in flight")
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 {
@@ -914,10 +909,10 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             // Cancelled, or rejected by a leaf's error that came first (then the run
             // cancelled what was in flight itself).
             if row.output!.isPending || row.output!.isFulfilled { problems.append("round \(round): outer \(row.output!.state)") }
-            if !eventuallyWithin(2, { row.allLeaves.allSatisfy { !$0.isPending } }) {
+            if !eventually(timeout: 2, { row.allLeaves.allSatisfy { !$0.isPending } }) {
                 problems.append("round \(round) ctx \(round.isMultiple(of: 2) ? "imm" : "queue"): \(row.allLeaves.filter(\.isPending).count) leaves left pending, calls \(row.calls.value.keys.sorted())")
             }
-            if !eventuallyWithin(2, { row.inners.value.allSatisfy { !$0.isPending } }) {
+            if !eventually(timeout: 2, { row.inners.value.allSatisfy { !$0.isPending } }) {
                 problems.append("round \(round): \(row.inners.value.filter(\.isPending).count) inner outputs left pending")
             }
             let twice = row.calls.value.filter { $0.value > 1 }
@@ -926,9 +921,9 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         }
         for row in rows { row.output = nil; row.inners.withLock { $0 = [] } }
         for (round, row) in rows.enumerated() where problems.count <= 20 {
-            if !eventuallyWithin(2, { row.weakOutput == nil }) { problems.append("round \(round): outer output kept") }
+            if !eventually(timeout: 2, { row.weakOutput == nil }) { problems.append("round \(round): outer output kept") }
         }
-        XCTAssertTrue(eventuallyWithin { alive.alive == 0 }, "captures kept: \(alive.alive)")
+        XCTAssertTrue(eventually { alive.alive == 0 }, "captures kept: \(alive.alive)")
         XCTAssertEqual(problems, [], "\(problems.count) problems")
     }
 
@@ -997,10 +992,10 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         var problems: [String] = []
         for (round, row) in rows.enumerated() {
             let output = row.output!
-            if !eventuallyWithin(2, { output.isCancelled }) {
+            if !eventually(timeout: 2, { output.isCancelled }) {
                 problems.append("round \(round) kind \(row.kind) ctx \((round / 5).isMultiple(of: 2) ? "imm" : "queue"): output \(output.state), root \(row.root!.state)")
             }
-            for leaf in row.leaves.value where !eventuallyWithin(2, { leaf.isCancelled }) {
+            for leaf in row.leaves.value where !eventually(timeout: 2, { leaf.isCancelled }) {
                 problems.append("round \(round) kind \(row.kind): leaf \(leaf.state), root \(row.root!.state)")
             }
             if problems.count > 20 { break }
@@ -1011,7 +1006,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         // flows down, leaves it sleeping. Its clock wakes it, so that no Task is left
         // suspended for ever on a clock the test drops.
         for row in rows { row.clock.advance(by: .seconds(3600)) }
-        XCTAssertTrue(eventuallyWithin { rows.allSatisfy { $0.clock.sleeperCount == 0 } })
+        XCTAssertTrue(eventually { rows.allSatisfy { $0.clock.sleeperCount == 0 } })
     }
 
     // MARK: retry: an attempt dropped pending racing a cancel of the output
@@ -1128,7 +1123,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
         var problems: [String] = []
         for (round, row) in rows.enumerated() {
             let child = row.child!
-            if !eventuallyWithin(2, { !child.isPending }) { problems.append("round \(round): child pending"); continue }
+            if !eventually(timeout: 2, { !child.isPending }) { problems.append("round \(round): child pending"); continue }
             var reason: OperatorError?
             if case .failure(let e)? = child.settledResult { reason = e as? OperatorError }
             if !child.isCancelled || reason != OperatorError(id: round) {
@@ -1173,7 +1168,7 @@ final class AdversarialOperatorRaceTests: XCTestCase {
             }.start()
             XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
         }
-        XCTAssertTrue(eventuallyWithin(20) { started.value == ended.value && made.value.allSatisfy { !$0.isPending } },
+        XCTAssertTrue(eventually(timeout: 20) { started.value == ended.value && made.value.allSatisfy { !$0.isPending } },
                       "Tasks started \(started.value), ended \(ended.value); pending attempts \(made.value.filter(\.isPending).count)")
         XCTAssertEqual(made.value.filter { !$0.isCancelled }.count, 0, "attempts not cancelled")
     }

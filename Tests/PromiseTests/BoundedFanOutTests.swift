@@ -250,10 +250,9 @@ final class BoundedFanOutTests: XCTestCase {
 
 extension BoundedFanOutTests {
     /// A context that drops a step's work while another step is in flight breaks the run
-    /// then, as a first error does: the output rejects with `brokenPromise` and no more
-    /// inputs start. (It waited for the other step to settle, started the inputs after the
-    /// dropped one, and broke only when the run was freed: a step that never settled left
-    /// the output pending for ever.)
+    /// then, as a first error does: the output rejects with `brokenPromise`, the step in
+    /// flight is cancelled and no more inputs start. The other step must not keep the
+    /// output waiting (for ever, if it never settles).
     func testAStepItsContextDropsBreaksTheRunWhileAnotherIsInFlight() {
         let pending = Promise<Int>()
         let started = Recorder<Int>()

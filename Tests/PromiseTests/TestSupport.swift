@@ -64,9 +64,9 @@ final class Counter: @unchecked Sendable {
     private var count = 0
 
     @discardableResult
-    func increment() -> Int {
+    func increment(by amount: Int = 1) -> Int {
         lock.lock(); defer { lock.unlock() }
-        count += 1
+        count += amount
         return count
     }
 
