@@ -56,9 +56,9 @@ extension AnyPromise: CustomStringConvertible, CustomDebugStringConvertible {
     /// Whether an observer still waits for this promise: not those that gave up (a
     /// timed-out `wait`, the slot of a combinator that settled without it, a child
     /// cancelled or settled otherwise) nor what waits only for a cancel (see
-    /// `nodeWaitsForAnOutcome`). The nodes
-    /// are looked at while a prune that keeps them all holds the stack; if another prune
-    /// holds it, or the promise settles meanwhile, the stack's emptiness answers.
+    /// `nodeWaitsForAnOutcome`). The nodes are looked at while a prune that keeps them all
+    /// holds the stack; if another prune holds it, or the promise settles meanwhile, the
+    /// stack's emptiness answers.
     private var anyObserverWaits: Bool {
         guard hasWaitingObservers else { return false }
         var look = ObserverLook(promise: Unmanaged.passUnretained(self))
