@@ -57,40 +57,6 @@ final class AdversarialFlatMapRetireTests: XCTestCase {
                 expectWhole(value, expected, "then step \(number) read its parent", problems)
                 return Sealed(number)
             }
-        case .settled:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                return Promise(value: Sealed(number))
-            }
-        case .pendingSettledLaterInCascade:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                return settledLaterInTheCascade(with: Sealed(number))
-            }
-        case .follower:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                return lockedInFollower(fulfilledWith: Sealed(number))
-            }
-        case .raceOutput:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                return Promise.race([Promise(value: Sealed(number)), Promise<Sealed>()])
-            }
-        case .allOutput:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                return Promise.all([Promise(value: Sealed(number)), Promise(value: Sealed(-1))])
-                    .then(on: .immediate) { $0[0] }
-            }
-        case .nestedFlatMapChild:
-            return parent.flatMap(on: .immediate) { value in
-                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
-                let inner = Promise<Int>()
-                let returned = inner.flatMap(on: .immediate) { _ in Promise(value: Sealed(number)) }
-                inner.fulfill(0)
-                return returned
-            }
         case .rejectedThenRecovered:
             return parent.flatMap(on: .immediate) { value -> Promise<Sealed> in
                 expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
@@ -98,6 +64,32 @@ final class AdversarialFlatMapRetireTests: XCTestCase {
             }.recover(on: .immediate) { error -> Promise<Sealed> in
                 Promise(value: Sealed((error as? TestError)?.id ?? -99))
             }
+        default:
+            return parent.flatMap(on: .immediate) { value in
+                expectWhole(value, expected, "flatMap step \(number) read its parent", problems)
+                return Self.returnedPromise(of: kind, with: Sealed(number))
+            }
+        }
+    }
+
+    /// What a `flatMap` handler of kind `kind` returns, to be fulfilled with `value`.
+    private static func returnedPromise(of kind: Returned, with value: Sealed) -> Promise<Sealed> {
+        switch kind {
+        case .pendingSettledLaterInCascade:
+            return settledLaterInTheCascade(with: value)
+        case .follower:
+            return lockedInFollower(fulfilledWith: value)
+        case .raceOutput:
+            return Promise.race([Promise(value: value), Promise<Sealed>()])
+        case .allOutput:
+            return Promise.all([Promise(value: value), Promise(value: Sealed(-1))]).then(on: .immediate) { $0[0] }
+        case .nestedFlatMapChild:
+            let inner = Promise<Int>()
+            let returned = inner.flatMap(on: .immediate) { _ in Promise(value: value) }
+            inner.fulfill(0)
+            return returned
+        case .settled, .rejectedThenRecovered, .thenStep:
+            return Promise(value: value)
         }
     }
 
