@@ -741,6 +741,13 @@ final class LifetimeModelTests: XCTestCase {
         let pending = Promise<Int>()
         func cancelledAwaits(_ count: Int) async {
             let tasks = (0..<count).map { _ in Task { try await pending.value } }
+            // Every await joins the list before the cancels (a Task cancelled before it
+            // runs never registers, and would leave the list empty whatever the code did).
+            let deadline = ContinuousClock.now + .seconds(testTimeoutSeconds)
+            while (pending.existingRareState?.waitingCount ?? 0) < count && ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(1))
+            }
+            XCTAssertEqual(pending.existingRareState?.waitingCount, count, "the awaits did not all register")
             for task in tasks { task.cancel() }
             for task in tasks {
                 do {
