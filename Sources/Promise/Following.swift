@@ -229,10 +229,10 @@ extension AnyPromise {
 }
 
 /// What settles an output the library made from promises it waits on: a combinator's
-/// `Aggregator` (its inputs), or a run that takes one step at a time (`retry`: its
-/// attempt in flight; `sequence`, `all(_:maxConcurrent: 1)`: their step in flight). The
-/// output's rare state links to it (`AnyPromise.settlerIfAlive`), so the cycle check's
-/// walk goes on through it.
+/// `Aggregator` (its inputs), or a run of steps (`retry`: its attempt in flight;
+/// `sequence`, `all(_:maxConcurrent:)`: their steps in flight). The output's rare state
+/// links to it (`AnyPromise.settlerIfAlive`), so the cycle check's walk goes on through
+/// it.
 protocol WaitedOnByOutput: AnyObject {
     /// Appends the promises the output waits on now, at most `limit`: `complete` false if
     /// there may be more (or more may start before these settle), `unlinked` true if one
@@ -293,6 +293,13 @@ extension AnyPromise {
         fullFence()
         guard isPending else { return }
         guard step === self || WaitWalk.waits(from: step, on: self) else { return }
+        rejectOutputAsCycle()
+    }
+
+    /// Rejects this output of a run, which follows nothing and is still free to settle,
+    /// with `PromiseError.cycle`: what the run waits on all waits on it. Nothing if its
+    /// holder settled it or locked it in meanwhile.
+    final func rejectOutputAsCycle() {
         rejectAsCycle(parent: nil, from: PC_CLAIM_FREE)
     }
 }

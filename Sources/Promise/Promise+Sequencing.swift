@@ -49,6 +49,15 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     private let contextRunsEveryWork: Bool
     /// The user's work; let go of when the run stops (under the lock).
     private var work: (@Sendable (Input) throws -> Promise<Value>)?
+    /// A run with more than one slot, once a cycle check looked into it (a promise locking
+    /// in to follow the output walked through it, or a step started waiting on the
+    /// output): each step that starts or finishes asks again whether every step in flight
+    /// waits on the output (`rejectOutputIfEveryStepWaitsOnIt`). Under the lock.
+    private var cycleWatched = false
+    /// The slot whose step the last such look found to be a way out (pending, and not
+    /// waiting on the output): looked at first next time, so that a look costs one walk
+    /// while that step is in flight. Under the lock.
+    private var wayOutHint: Int?
 
     private struct WeakStep {
         weak var promise: AnyPromise?
@@ -70,7 +79,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
 
     /// Starts the run; the promise of its results.
     func run() -> Promise<[Value]> {
-        if limit == 1 { output.recordRun(self) }  // for the cycle check (see `appendLinkedInputs`)
+        output.recordRun(self)  // for the cycle check (see `appendLinkedInputs`)
         OutcomeHook { [weak self] output in
             output.forgetRun()
             if output.isCancelled {
@@ -122,26 +131,73 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
         }
     }
 
-    /// For the cycle check (`WaitedOnByOutput`): the step in flight of a run that takes
-    /// one at a time (`sequence`, `all(_:maxConcurrent: 1)`), which waits on it alone: no
-    /// other step starts before it settles, and if it fails, the run fails with it.
+    /// For the cycle check (`WaitedOnByOutput`): the steps in flight, on which the output
+    /// waits, and nothing else, once every slot taken has its step made (no other step
+    /// starts before one of them settles). A slot whose work is queued on the context, or
+    /// running, may still make a step that settles the output: the list is incomplete.
     ///
-    /// A run with more slots is not linked to its output (`run`), so never asked. Which of
-    /// its steps may still settle it is not known from here: a step queued on the context
-    /// but not started, or one that fulfilled and whose slot the run has not freed yet,
-    /// may be followed by one that fails. And offering every step in flight would cost
-    /// each start a walk over all of them.
+    /// A run that takes one step at a time (`sequence`, `all(_:maxConcurrent: 1)`) waits on
+    /// its step alone, and only its failure settles the output early (its fulfilment starts
+    /// the next step, checked as it starts). With more slots, any step that settles is a
+    /// way out (`settledEarlyBy`): a fulfilled one frees its slot for the next input, or
+    /// ends the run.
     func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
         withLock {
-            guard !stopped, let slot = inFlight.values.first else { return (false, false) }
-            guard let step = slot.promise else { return (false, true) }  // being made
-            if limit > 0 { inputs.append(step) }
-            return (limit > 0, false)
+            let taken = results.count - finished
+            guard !stopped, taken > 0, inFlight.count == taken else { return (false, false) }
+            guard taken <= limit else { return (false, false) }
+            let start = inputs.count
+            for slot in inFlight.values {
+                guard let step = slot.promise else {  // being made, or gone
+                    inputs.removeSubrange(start...)
+                    return (false, true)
+                }
+                inputs.append(step)
+            }
+            return (true, false)
         }
     }
 
-    /// The first error rejects the output.
-    var settledEarlyBy: Aggregator.SettledEarlyBy { .failure }
+    /// One slot: the first error rejects the output. More: any step that settles may
+    /// settle it, or start the step that does.
+    var settledEarlyBy: Aggregator.SettledEarlyBy { limit == 1 ? .failure : .anyOutcome }
+
+    /// The walk of a promise locking in to follow the output is about to look at the steps
+    /// (`WaitWalk`): a run with more slots asks again as steps start and finish, since a
+    /// step that settles without settling the output may leave it waiting on that promise.
+    /// (A run with one slot checks the step it starts, which waits on it alone.)
+    func watchForCyclesAsInputsSettle() {
+        guard limit > 1 else { return }
+        withLock { cycleWatched = true }
+    }
+
+    /// For a run with more slots that a cycle check looked into: rejects the output with
+    /// `PromiseError.cycle` if every step in flight waits on it (nothing else can settle
+    /// it: no other step starts before one of these settles). Starts with the step that
+    /// was a way out last time, so a look costs one walk while that step is in flight.
+    private func rejectOutputIfEveryStepWaitsOnIt() {
+        guard output.isFreeToSettle else { return }
+        var walk = WaitWalk(target: output)
+        let waitsOnItself = walk.asking(about: self) { walk -> Bool in
+            if let hinted = withLock({ wayOutHint.flatMap { inFlight[$0]?.promise } }), isWayOut(hinted, &walk) {
+                return false
+            }
+            var steps: [AnyPromise] = []
+            guard case (true, false) = appendLinkedInputs(to: &steps, limit: .max) else { return false }
+            guard let wayOut = steps.first(where: { isWayOut($0, &walk) }) else { return true }
+            withLock { wayOutHint = inFlight.first { $0.value.promise === wayOut }?.key }
+            return false
+        }
+        // Locked in by its holder while the steps were read: not ours to judge any more.
+        guard waitsOnItself, output.isFreeToSettle else { return }
+        output.rejectOutputAsCycle()
+    }
+
+    /// Whether `step` may settle the output, or start the step that does: it settled, or
+    /// it is pending without waiting on the output.
+    private func isWayOut(_ step: AnyPromise, _ walk: inout WaitWalk) -> Bool {
+        !step.isPending || !walk.reaches(from: step, depth: 1)
+    }
 
     /// For the pumping thread of a stopped run: lets go of the input sequence (which only
     /// that thread touches), then stops pumping.
@@ -185,9 +241,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
                 case .failure(let error): fail(error)
                 }
             }.register(on: step)
-            // A step that waits on the output would never settle it, nor let another start
-            // (looked for when the run takes one step at a time: see `appendLinkedInputs`).
-            if limit == 1 { output.rejectAsCycleIfWaited(onBy: step) }
+            // A step that waits on the output would never settle it, nor let another start.
+            if limit == 1 { output.rejectAsCycleIfWaited(onBy: step) } else { lookForACycle(through: step) }
             // Settled meanwhile, after `stop` had looked for this step's observer: it gives
             // up now.
             if !output.isPending { step.runStoppedWatching() }
@@ -198,14 +253,36 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     }
 
     private func complete(_ index: Int, with value: Value) {
-        let done = withLock { () -> Bool in
-            if stopped { return false }  // its results were let go
+        let (done, watched) = withLock { () -> (Bool, Bool) in
+            if stopped { return (false, false) }  // its results were let go
             results[index] = value
             inFlight[index] = nil
             finished += 1
-            return exhausted && finished == results.count && !stopped
+            return (exhausted && finished == results.count && !stopped, cycleWatched)
         }
-        if done { finish() } else { pump() }
+        if done { return finish() }
+        pump()
+        // The step that settled was a way out; with no other to start, the steps left may
+        // all wait on the output.
+        if watched { rejectOutputIfEveryStepWaitsOnIt() }
+    }
+
+    /// For a run with more slots, a step it just started observing: if the step waits on
+    /// the output, or a cycle check looked into the run before, asks whether every step
+    /// in flight waits on the output. The run recorded the step first; a promise locking
+    /// in to follow the output at the same time recorded its link, fenced, then walks to
+    /// the run's steps: with the fence here, one of the two sees the other (as in
+    /// `AnyPromise.rejectAsCycleIfWaited`). Cost for a step that has settled, or is a
+    /// fresh root: a fence, a few loads and the lock.
+    private func lookForACycle(through step: AnyPromise) {
+        fullFence()
+        guard output.isPending else { return }
+        let waits = WaitWalk.waits(from: step, on: output)
+        let watched = withLock { () -> Bool in
+            if waits { cycleWatched = true }
+            return cycleWatched
+        }
+        if watched { rejectOutputIfEveryStepWaitsOnIt() }
     }
 
     private func finish() {

@@ -259,7 +259,8 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// that follow each other (`a.resolve(with: b); b.resolve(with: a)`), or following a
     /// combinator over itself that nothing else can settle (an `allSettled` it is an input
     /// of; a `race`, `any`, `all` or `and` whose other inputs wait on it too, or settled
-    /// without settling it: fulfilled for `all` and `and`, rejected for `any`) rejects
+    /// without settling it: fulfilled for `all` and `and`, rejected for `any`; a `retry`,
+    /// `sequence` or `all(_:maxConcurrent:)` whose steps in flight all wait on it) rejects
     /// it with `PromiseError.cycle` (Promises/A+ 2.3.1), and with it every promise of the
     /// cycle, which follow it. `p.resolve(with: Promise.race([p, shutdown]))` is no cycle:
     /// `shutdown` can settle it. Cycles through combinators are looked for within a

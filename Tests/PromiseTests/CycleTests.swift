@@ -580,10 +580,16 @@ final class RunCycleTests: XCTestCase {
             let sequence = Promise<[Int]>()
             sequence.resolve(with: Promise<Int>.sequence(on: context, [1, 2]) { _ in sequence.map(on: .immediate) { $0.count } })
             assertCycle(sequence, "sequence on \(context)")
-            // One slot: its step waits on the output, and no other starts before it settles.
-            let all = Promise<[Int]>()
-            all.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: 1, on: context) { _ in all.map(on: .immediate) { $0.count } })
-            assertCycle(all, "all(_:maxConcurrent: 1) on \(context)")
+            // Each step waits on the output, and no other starts before one settles.
+            for slots in [1, 2, 3] {
+                let all = Promise<[Int]>()
+                all.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: slots, on: context) { _ in all.map(on: .immediate) { $0.count } })
+                assertCycle(all, "all(_:maxConcurrent: \(slots)) on \(context)")
+            }
+            // Every step is the promise that locks in to follow the run.
+            let follower = Promise<Int>()
+            follower.resolve(with: Promise<Int>.all([1, 2], maxConcurrent: 2, on: context) { _ in follower }.map(on: .immediate) { $0[0] })
+            assertCycle(follower, "all(_:maxConcurrent: 2) whose steps are its follower, on \(context)")
         }
     }
 
@@ -609,10 +615,10 @@ final class RunCycleTests: XCTestCase {
 }
 
 extension RunCycleTests {
-    /// `all(_:maxConcurrent:)` with more than one slot is not looked into: a step queued
-    /// but not started, or one fulfilled whose slot the run has not freed yet, may be
-    /// followed by one that fails and settles the run (both were rejected as cycles).
-    func testABoundedAllWithSeveralSlotsIsNeverCalledACycle() {
+    /// `all(_:maxConcurrent:)` with more than one slot while a step queued but not started,
+    /// or one fulfilled whose slot the run has not freed yet, may be followed by one that
+    /// fails and settles the run: no cycle (both were once rejected as cycles).
+    func testABoundedAllWithSeveralSlotsIsNoCycleWhileAStepMaySettleIt() {
         let parked = ParkingContext()
         let queued = Promise<[Int]>(), failing = Promise<Int>()
         let output = Promise<Int>.all([0, 1], maxConcurrent: 3, on: parked) { index in
@@ -650,5 +656,66 @@ extension RunCycleTests {
         XCTAssertEqual(value(sequenced), [1, 2])
         XCTAssertEqual(retried.existingRareState?.runWord.pointee, 0)
         XCTAssertEqual(sequenced.existingRareState?.runWord.pointee, 0)
+    }
+
+    /// Steps that wait on the run's output, with nobody locking in to follow it: found as
+    /// the last of them starts, or as the last step that could settle the run finishes
+    /// without starting another.
+    func testABoundedAllWhoseStepsAllWaitOnItsOutputRejects() {
+        let queue = heldQueue()
+        let box = Handoff<Promise<[Int]>>(nil)
+        let output = Promise<Int>.all([1, 2, 3], maxConcurrent: 2, on: queue) { _ in box.peek!.map(on: .immediate) { $0.count } }
+        box.put(output)
+        queue.resume()
+        assertCycle(output, "every step in flight waits on the output")
+
+        let gate = Promise<Int>()
+        let later = heldQueue()
+        let laterBox = Handoff<Promise<[Int]>>(nil)
+        let freed = Promise<Int>.all([0, 1, 2], maxConcurrent: 2, on: later) { index -> Promise<Int> in
+            switch index {
+            case 0: return gate
+            case 1: return laterBox.peek!.map(on: .immediate) { $0.count }
+            default: return Promise(value: 7)
+            }
+        }
+        laterBox.put(freed)
+        later.resume()
+        later.sync {}
+        XCTAssertTrue(freed.isPending, "rejected while the gate may still fail")
+        gate.fulfill(5)  // the third step starts and fulfils; the second is left alone
+        assertCycle(freed, "the steps left wait on the output")
+        laterBox.put(nil)
+    }
+
+    /// A promise locking in to follow the run on one thread while its steps start on
+    /// another: whichever comes last finds the cycle.
+    func testALockInRacingTheStepsOfABoundedAllFindsTheCycle() {
+        let rounds = 2_000
+        final class Row: @unchecked Sendable {
+            let follower = Promise<Int>()
+            let parked = ParkingContext()
+            var output: Promise<[Int]>?
+        }
+        let rows = (0..<rounds).map { _ -> Row in
+            let row = Row()
+            row.output = Promise<Int>.all([0, 1], maxConcurrent: 2, on: row.parked) { [follower = row.follower] _ in follower }
+            return row
+        }
+        XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
+            let row = rows[round]
+            if thread == 0 {
+                row.follower.resolve(with: row.output!.map(on: .immediate) { $0[0] })
+            } else {
+                row.parked.runAll()
+            }
+        })
+        // Both threads are done: the verdict was given on one of them.
+        var missed: [Int] = []
+        for (round, row) in rows.enumerated() where !isPromiseError(outcome(row.follower, timeout: 1), .cycle) {
+            missed.append(round)
+            if missed.count == 5 { break }
+        }
+        XCTAssertEqual(missed, [], "rounds that left the cycle pending or answered otherwise")
     }
 }
