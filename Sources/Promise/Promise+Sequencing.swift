@@ -51,8 +51,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     private var work: (@Sendable (Input) throws -> Promise<Value>)?
     /// A run with more than one slot, once a cycle check looked into it (a promise locking
     /// in to follow the output walked through it, or a step started waiting on the
-    /// output): each step that starts or finishes asks again whether every step in flight
-    /// waits on the output (`rejectOutputIfEveryStepWaitsOnIt`). Under the lock.
+    /// output): each step that starts or finishes, and the end of the inputs, ask again
+    /// whether every step in flight waits on the output
+    /// (`rejectOutputIfEveryStepWaitsOnIt`). Under the lock.
     private var cycleWatched = false
     /// The slot whose step the last such look found to be a way out (pending, and not
     /// waiting on the output): looked at first next time, so that a look costs one walk
@@ -113,14 +114,15 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             if stoppedNow { letGoOfInputs() }
             guard canStart else { break }
             guard let input = iterator.next() else {
-                let (done, stoppedNow) = withLock { () -> (Bool, Bool) in
+                let (done, stoppedNow, watched) = withLock { () -> (Bool, Bool, Bool) in
                     exhausted = true
-                    if stopped { return (false, true) }  // still pumping: the inputs go first
+                    if stopped { return (false, true, false) }  // still pumping: the inputs go first
                     pumping = false
-                    return (finished == results.count, false)
+                    return (finished == results.count, false, cycleWatched)
                 }
                 if stoppedNow { letGoOfInputs() }
-                if done { finish() }
+                // With no input left, the steps in flight may all wait on the output.
+                if done { finish() } else if watched { rejectOutputIfEveryStepWaitsOnIt() }
                 break
             }
             let index = withLock { () -> Int in
@@ -132,9 +134,7 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     }
 
     /// For the cycle check (`WaitedOnByOutput`): the steps in flight, on which the output
-    /// waits, and nothing else, once every slot taken has its step made (no other step
-    /// starts before one of them settles). A slot whose work is queued on the context, or
-    /// running, may still make a step that settles the output: the list is incomplete.
+    /// waits, and nothing else (`stepsTheOutputWaitsOn`).
     ///
     /// A run that takes one step at a time (`sequence`, `all(_:maxConcurrent: 1)`) waits on
     /// its step alone, and only its failure settles the output early (its fulfilment starts
@@ -142,19 +142,34 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     /// way out (`settledEarlyBy`): a fulfilled one frees its slot for the next input, or
     /// ends the run.
     func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
+        let (steps, complete, unlinked) = stepsTheOutputWaitsOn()
+        guard complete, steps.count <= limit else { return (false, unlinked) }
+        inputs += steps.map(\.step)
+        return (true, false)
+    }
+
+    /// The steps in flight with their slots, retained, and whether the output waits on
+    /// them and nothing else: every slot taken has its step made (a slot whose work is
+    /// queued on the context, or running, may still make a step that settles the output),
+    /// and no other step starts before one of them settles, because the inputs ran out or
+    /// every slot is taken (a slot just freed is the next input's, which the pumping
+    /// thread may be pulling). `unlinked` if a step is gone or being made.
+    ///
+    /// The steps are retained under the lock and let go of outside it, by the caller: a
+    /// step whose last reference is ours dies pending, and the run's observer on it calls
+    /// back in.
+    private func stepsTheOutputWaitsOn() -> (steps: [(slot: Int, step: AnyPromise)], complete: Bool, unlinked: Bool) {
         withLock {
+            var steps: [(slot: Int, step: AnyPromise)] = []
             let taken = results.count - finished
-            guard !stopped, taken > 0, inFlight.count == taken else { return (false, false) }
-            guard taken <= limit else { return (false, false) }
-            let start = inputs.count
-            for slot in inFlight.values {
-                guard let step = slot.promise else {  // being made, or gone
-                    inputs.removeSubrange(start...)
-                    return (false, true)
-                }
-                inputs.append(step)
+            guard !stopped, taken > 0, inFlight.count == taken, exhausted || taken == limit else {
+                return (steps, false, false)
             }
-            return (true, false)
+            for (slot, weakStep) in inFlight {
+                guard let step = weakStep.promise else { return (steps, false, true) }
+                steps.append((slot, step))
+            }
+            return (steps, true, false)
         }
     }
 
@@ -182,10 +197,10 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             if let hinted = withLock({ wayOutHint.flatMap { inFlight[$0]?.promise } }), isWayOut(hinted, &walk) {
                 return false
             }
-            var steps: [AnyPromise] = []
-            guard case (true, false) = appendLinkedInputs(to: &steps, limit: .max) else { return false }
-            guard let wayOut = steps.first(where: { isWayOut($0, &walk) }) else { return true }
-            withLock { wayOutHint = inFlight.first { $0.value.promise === wayOut }?.key }
+            let (steps, complete, _) = stepsTheOutputWaitsOn()
+            guard complete else { return false }
+            guard let wayOut = steps.first(where: { isWayOut($0.step, &walk) }) else { return true }
+            withLock { wayOutHint = wayOut.slot }
             return false
         }
         // Locked in by its holder while the steps were read: not ours to judge any more.
