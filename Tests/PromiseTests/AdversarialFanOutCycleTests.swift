@@ -314,23 +314,31 @@ final class AdversarialFanOutCycleTests: XCTestCase {
 
     // MARK: Races
 
+    /// One round of a race: a follower, a root, and a run whose step at input 1 is the
+    /// root (when `withWayOut`) and every other a child of the follower.
+    private final class Row: @unchecked Sendable {
+        let follower = Promise<[Int]>()
+        let root = Promise<Int>()
+        let parked = ParkingContext()
+        var output: Promise<[Int]>?
+    }
+
+    private func makeRows(_ rounds: Int, inputs: Int, parked: Bool, withWayOut: Bool = true) -> [Row] {
+        (0..<rounds).map { _ -> Row in
+            let row = Row()
+            let context: any ExecutionContext = parked ? row.parked : .immediate
+            row.output = Promise<Int>.all(0..<inputs, maxConcurrent: inputs, on: context) { [row] index -> Promise<Int> in
+                index == 1 && withWayOut ? row.root : row.follower.map(on: .immediate) { $0.count }
+            }
+            return row
+        }
+    }
+
     /// The lock-in races the steps starting on another thread, with a way out among them:
     /// never a cycle; the way out then decides.
     func testALockInRacingStepStartsWithAWayOutIsNoCycle() {
         let rounds = 2_000
-        final class Row: @unchecked Sendable {
-            let follower = Promise<[Int]>()
-            let root = Promise<Int>()
-            let parked = ParkingContext()
-            var output: Promise<[Int]>?
-        }
-        let rows = (0..<rounds).map { _ -> Row in
-            let row = Row()
-            row.output = Promise<Int>.all([0, 1, 2], maxConcurrent: 3, on: row.parked) { [row] index -> Promise<Int> in
-                index == 1 ? row.root : row.follower.map(on: .immediate) { $0.count }
-            }
-            return row
-        }
+        let rows = makeRows(rounds, inputs: 3, parked: true)
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.follower.resolve(with: row.output!) } else { row.parked.runAll() }
@@ -354,18 +362,7 @@ final class AdversarialFanOutCycleTests: XCTestCase {
     /// always a cycle in the end.
     func testALockInRacingTheLastWayOutFindsTheCycle() {
         let rounds = 2_000
-        final class Row: @unchecked Sendable {
-            let follower = Promise<[Int]>()
-            let root = Promise<Int>()
-            var output: Promise<[Int]>?
-        }
-        let rows = (0..<rounds).map { _ -> Row in
-            let row = Row()
-            row.output = Promise<Int>.all([0, 1, 2], maxConcurrent: 3, on: .immediate) { [row] index -> Promise<Int> in
-                index == 1 ? row.root : row.follower.map(on: .immediate) { $0.count }
-            }
-            return row
-        }
+        let rows = makeRows(rounds, inputs: 3, parked: false)
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.follower.resolve(with: row.output!) } else { row.root.fulfill(1) }
@@ -379,18 +376,7 @@ final class AdversarialFanOutCycleTests: XCTestCase {
     func testACancelOfTheOutputRacingTheLockIn() {
         for withWayOut in [false, true] {
             let rounds = 1_000
-            final class Row: @unchecked Sendable {
-                let follower = Promise<[Int]>()
-                let root = Promise<Int>()
-                var output: Promise<[Int]>?
-            }
-            let rows = (0..<rounds).map { _ -> Row in
-                let row = Row()
-                row.output = Promise<Int>.all([0, 1], maxConcurrent: 2, on: .immediate) { [row] index -> Promise<Int> in
-                    index == 1 && withWayOut ? row.root : row.follower.map(on: .immediate) { $0.count }
-                }
-                return row
-            }
+            let rows = makeRows(rounds, inputs: 2, parked: false, withWayOut: withWayOut)
             XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
                 let row = rows[round]
                 if thread == 0 { row.follower.resolve(with: row.output!) } else { row.output!.cancel(reason: TestError(13)) }
@@ -410,18 +396,7 @@ final class AdversarialFanOutCycleTests: XCTestCase {
     /// follower ends with the value, never a cycle.
     func testAnOutsideFulfilRacingTheLockInWithAWayOut() {
         let rounds = 1_000
-        final class Row: @unchecked Sendable {
-            let follower = Promise<[Int]>()
-            let root = Promise<Int>()
-            var output: Promise<[Int]>?
-        }
-        let rows = (0..<rounds).map { _ -> Row in
-            let row = Row()
-            row.output = Promise<Int>.all([0, 1], maxConcurrent: 2, on: .immediate) { [row] index -> Promise<Int> in
-                index == 1 ? row.root : row.follower.map(on: .immediate) { $0.count }
-            }
-            return row
-        }
+        let rows = makeRows(rounds, inputs: 2, parked: false)
         XCTAssertTrue(raceOnThreads(threads: 2, rounds: rounds) { thread, round in
             let row = rows[round]
             if thread == 0 { row.follower.resolve(with: row.output!) } else { XCTAssertTrue(row.output!.fulfill([42])) }
