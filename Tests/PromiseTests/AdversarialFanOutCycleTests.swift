@@ -288,30 +288,6 @@ final class AdversarialFanOutCycleTests: XCTestCase {
         box.put(nil)
     }
 
-    /// The follower locks in while steps are still queued, then they start in turn.
-    func testLockInBeforeQueuedStepsStart() {
-        for settle in ["reject", "fulfil"] {
-            let parked = ParkingContext()
-            let follower = Promise<[Int]>(), root = Promise<Int>()
-            let output = Promise<Int>.all([0, 1], maxConcurrent: 2, on: parked) { index in
-                index == 0 ? follower.map(on: .immediate) { $0.count } : root
-            }
-            follower.resolve(with: output)
-            let work = parked.take()
-            work[0]()
-            XCTAssertTrue(follower.isPending, "step 1 is queued")
-            work[1]()
-            XCTAssertTrue(follower.isPending, "the root may still settle")
-            if settle == "reject" {
-                root.reject(TestError(6))
-                assertError(follower, 6, "the root fails")
-            } else {
-                root.fulfill(1)
-                assertCycle(follower, "only the follower's child is left")
-            }
-        }
-    }
-
     // MARK: Races
 
     /// One round of a race: a follower, a root, and a run whose step at input 1 is the

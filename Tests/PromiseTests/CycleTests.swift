@@ -619,18 +619,28 @@ extension RunCycleTests {
     /// or one fulfilled whose slot the run has not freed yet, may be followed by one that
     /// fails and settles the run: no cycle (both were once rejected as cycles).
     func testABoundedAllWithSeveralSlotsIsNoCycleWhileAStepMaySettleIt() {
-        let parked = ParkingContext()
-        let queued = Promise<[Int]>(), failing = Promise<Int>()
-        let output = Promise<Int>.all([0, 1], maxConcurrent: 3, on: parked) { index in
-            index == 0 ? queued.map(on: .immediate) { $0.count } : failing
+        // The follower locks in while the steps are queued; they start in turn. Once the
+        // step that could settle the run fulfils, only the follower's child is left.
+        for (slots, fails) in [(3, true), (2, true), (2, false)] {
+            let parked = ParkingContext()
+            let queued = Promise<[Int]>(), failing = Promise<Int>()
+            let output = Promise<Int>.all([0, 1], maxConcurrent: slots, on: parked) { index in
+                index == 0 ? queued.map(on: .immediate) { $0.count } : failing
+            }
+            queued.resolve(with: output)
+            let work = parked.take()
+            work[0]()  // the second step is still queued
+            XCTAssertTrue(queued.isPending, "\(slots) slots: the second step is queued")
+            work[1]()
+            XCTAssertTrue(queued.isPending, "\(slots) slots: the second step may still settle the run")
+            if fails {
+                failing.reject(TestError(7))
+                XCTAssertEqual(error(queued) as? TestError, TestError(7), "\(slots) slots")
+            } else {
+                failing.fulfill(1)
+                assertCycle(queued, "\(slots) slots: only the follower's child is left")
+            }
         }
-        queued.resolve(with: output)
-        let work = parked.take()
-        work[0]()  // the second step is still queued
-        XCTAssertTrue(queued.isPending)
-        work[1]()
-        failing.reject(TestError(7))
-        XCTAssertEqual(error(queued) as? TestError, TestError(7))
 
         let freeing = Promise<[Int]>(), gate = Promise<Int>()
         let box = Handoff<Promise<[Int]>>(nil)
