@@ -462,7 +462,7 @@ init {
 }
 
 /* Liveness, checked with `pan -a`: every run fires every observer. */
-ltl all_fire { <> ALL_FIRED }
+ltl all_fire { <> (ALL_FIRED && _nr_pr <= 1) }
 
 #elif defined(REGISTRY)
 /* ======================================================================================
