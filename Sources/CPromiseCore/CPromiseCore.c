@@ -310,11 +310,13 @@ void pc_observe(pc_promise *promise, pc_node *node) {
 /* ---- settling -------------------------------------------------------------------- */
 
 bool pc_claim(pc_promise *promise, uintptr_t expected, uintptr_t desired) {
-    /* full: the claim elects one settler (the outcome it then stores is published by its
-     * own release CAS in pc_publish), and it also hands over what the caller stored before
-     * the CAS: a promise that claims FOLLOWING first records the promise it follows, and a
-     * canceller that takes over from FOLLOWING reads that record after its own CAS
-     * (release on one side, acquire on the other; on x86 every CAS is full anyway). */
+    /* full (acq_rel, see pc_promise.h): the claim elects one settler (the outcome it then
+     * stores is published by its own release CAS in pc_publish); release publishes what
+     * the caller stored before it to a caller whose later claim on the word succeeds, and
+     * acquire keeps the winner's later accesses after the election. The followee link,
+     * stored after a claim to FOLLOWING, is not published by it: the follower and a
+     * canceller that takes over from FOLLOWING each fence between their write and their
+     * read of the other's word (the overlay's `follow` and `settleFailureClaimingFrom`). */
     return AO_compare_and_swap_full(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
 }
 
@@ -550,9 +552,12 @@ bool pc_tree_flags_set(pc_promise *promise, uintptr_t bit) {
      * the caller's later loads then come after it (its setter published it, full). */
     uintptr_t seen = (uintptr_t)AO_load_acquire(PC_WORD(&promise->tree_flags));
     while ((seen & bit) == 0) {
-        /* full: release publishes what the caller stored before (a cancel reason before
-         * PUBLISHED); the StoreLoad half orders this store before the caller's next
-         * pc_children_take (see pc_children_push). */
+        /* full (acq_rel): release publishes what the caller stored before (a cancel reason
+         * before PUBLISHED). Against a concurrent pc_children_push, whose fetch-and-add on
+         * this same word follows its push: the two read-modify-writes are ordered in the
+         * word's modification order, so either the pusher's reads this bit, or this CAS
+         * reads the pusher's (a release) and the caller's later pc_children_take sees
+         * the link. */
         uintptr_t was = (uintptr_t)AO_fetch_compare_and_swap_full(
             PC_WORD(&promise->tree_flags), (AO_t)seen, (AO_t)(seen | bit));
         if (was == seen) {
@@ -614,8 +619,8 @@ bool pc_holds_add_if_holding(pc_lineage *lineage, uintptr_t delta) {
 }
 
 uintptr_t pc_holds_add(pc_lineage *lineage, uintptr_t delta) {
-    /* full: the StoreLoad half orders this add before the caller's next pc_state load
-     * (the Dekker pairing with pc_publish's full CAS, see the header). */
+    /* full (seq_cst): one side of the Dekker pairing with pc_publish; the caller then
+     * reads the state with pc_state_after_hold (see the header). */
     return (uintptr_t)AO_fetch_and_add_full(PC_WORD(&lineage->holds), (AO_t)delta);
 }
 
@@ -759,9 +764,9 @@ void pc_slot_run_end(void) {
 uintptr_t pc_walk_epoch_word; /* read inline by pc_walk_epoch (pc_registry.h) */
 
 void pc_walk_epoch_advance(void) {
-    /* full: the StoreLoad half keeps the child's later loads of the links it walks after
-     * this increment (the second Dekker pairing in pc_registry.h); the release half makes
-     * the child's claim visible to a walk whose acquire load sees the new value. */
+    /* full (seq_cst): the release half makes the child's claim and link visible to a walk
+     * whose acquire load sees the new value; the child's cycle check fences before it
+     * loads the links it walks (the second Dekker pairing in pc_registry.h). */
     (void)AO_fetch_and_add_full(PC_WORD(&pc_walk_epoch_word), (AO_t)1);
 }
 
@@ -770,10 +775,12 @@ void pc_walk_epoch_advance(void) {
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */
 
 void pc_forwarding_begin(void) {
-    /* full: the StoreLoad half orders this increment before the PUBLISHED bit the caller
-     * sets next, so a handler's child whose claim CAS comes after that bit (both full
-     * barriers, one total order) reads a word that is either still in progress or later
-     * than this one, never the value its parent recorded before. */
+    /* full (seq_cst): orders this increment before the PUBLISHED bit the caller sets next,
+     * so a reader whose acquire load of the tree flags sees that bit reads, in its later
+     * pc_forwarding_epoch, a word still in progress or later than this one. A handler's
+     * child that claims concurrently may still read the word from before this increment:
+     * its claim then won the race with this cancel, which is allowed (the cancel reaches
+     * it only if it is still pending when the forward gets to it). */
     (void)AO_fetch_and_add_full(PC_WORD(&pc_forwarding_word), (AO_t)1);
 }
 

@@ -679,7 +679,7 @@ enum TreeFlag {
 enum WalkEpoch {
     /// Acquire.
     static var current: UInt { pc_walk_epoch() }
-    /// Full barrier.
+    /// Full (seq_cst).
     static func advance() { pc_walk_epoch_advance() }
 }
 
@@ -693,13 +693,14 @@ extension AnyPromise {
     /// this promise (`pc_tree_flags_after_fence`).
     final var treeFlagsAfterFence: UInt { pc_tree_flags_after_fence(corePointer) }
 
-    /// Clears the flags of `clear` and sets those of `set` in one step (full barrier, see
-    /// `pc_tree_flags_update`).
+    /// Clears the flags of `clear` and sets those of `set` in one step (a full, acq_rel,
+    /// CAS: see `pc_tree_flags_update`).
     final func updateTreeFlags(clearing clear: UInt, setting set: UInt) {
         pc_tree_flags_update(corePointer, clear, set)
     }
 
-    /// Sets `flag`; true for the one call that set it (full barrier, see `pc_tree_flags_set`).
+    /// Sets `flag`; true for the one call that set it (a full, acq_rel, CAS: no StoreLoad
+    /// barrier; see `pc_tree_flags_set`).
     final func setTreeFlag(_ flag: UInt) -> Bool {
         pc_tree_flags_set(corePointer, flag)
     }

@@ -90,18 +90,19 @@ extension AnyPromise {
     /// Records `source` as the promise this one follows, holding its memory, then fences:
     /// only for the thread whose claim to FOLLOWING won, once, right after it.
     final func recordFollowee(_ source: AnyPromise, forwardsCancel: Bool) {
-        // A pending child that a walk went through to its parent waits on `source` from
-        // now on: the skips recorded over it end (after the claim's CAS, a full barrier;
-        // see `pc_walk_epoch_advance`).
-        if treeFlags & TreeFlag.walkedThrough != 0 { WalkEpoch.advance() }
         let address = HeldMemory.hold(Unmanaged.passUnretained(source))
         // Release: a canceller or a cycle check that reads the word sees `source`'s address
         // only once its hold is in place.
         storeFolloweeWord(address | (forwardsCancel ? FolloweeLink.forwardsCancel : 0))
-        // StoreLoad: our link is visible before we read the links of the chain we would
-        // follow (`wouldWaitOnItself`); pairs with the same fence of a promise that starts
-        // following us at the same time.
+        // StoreLoad: our claim and our link are visible before we read the walk's mark
+        // below and the links of the chain we would follow (`wouldWaitOnItself`); pairs
+        // with the fence of a promise that starts following us at the same time, and
+        // with the one a walk makes after marking us (`markWalkedThrough`).
         fullFence()
+        // A pending child that a walk went through to its parent waits on `source` from
+        // now on: the skips recorded over it end (see `pc_walk_epoch_advance`). Before
+        // our cycle check, whose loads the advance's full read-modify-write keeps after it.
+        if treeFlags & TreeFlag.walkedThrough != 0 { WalkEpoch.advance() }
     }
 
     /// The followed promise's address (its memory held by us), or nil if we never followed.
@@ -154,13 +155,13 @@ extension AnyPromise {
     /// Marks this pending child as gone through to its parent by a walk that may record a
     /// skip over it (`WaitWalk`), then looks at its claim and returns it: free, the child
     /// still waits on its parent, and the skip holds until it locks in, which advances the
-    /// walk epoch (`recordFollowee`). Full barrier between the mark and the look.
+    /// walk epoch (`recordFollowee`). A full fence between the mark and the look.
     final func markWalkedThrough() -> UInt {
-        // The call that sets the mark is the barrier; one that finds it set (another
-        // walk's, perhaps at this moment) fences on its own.
-        if treeFlags & TreeFlag.walkedThrough != 0 || !setTreeFlag(TreeFlag.walkedThrough) {
-            fullFence()
-        }
+        if treeFlags & TreeFlag.walkedThrough == 0 { _ = setTreeFlag(TreeFlag.walkedThrough) }
+        // Dekker with `recordFollowee`, which claims, fences, then reads the mark: one of
+        // us sees the other. The CAS that sets the mark is no StoreLoad barrier (acq_rel
+        // on AArch64, `pc_promise.h`), so the fence is needed whoever set the mark.
+        fullFence()
         return claimHint
     }
 

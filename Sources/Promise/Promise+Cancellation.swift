@@ -284,7 +284,8 @@ extension AnyPromise {
     /// `parent` is borrowed from the caller, which holds it (not an optional: binding one
     /// would make an owned copy, a retain and a release on every handler's claim).
     final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
-        // After the claim CAS (a full barrier), so the load cannot move above it.
+        // After the claim CAS. A value from before a concurrent forward began lets the
+        // claim win that cancel, as if it came first (see `pc_forwarding_epoch`).
         let epoch = ForwardingEpoch.current
         let quiet = ForwardingEpoch.isQuiet(epoch)
         // The common case, without touching reference counts (the caller holds the

@@ -5,6 +5,12 @@ import CSwiftRuntime
 // runtime's object layout, is in this file. Nothing else in the module calls `swift_*`
 // or computes an object's header size. Each entry says why it is needed and what would
 // replace it if the runtime changed.
+//
+// Orderings: the runtime's `swift_tryRetain`, `swift_unownedRetain` and
+// `swift_unownedRelease` are relaxed atomics (`RefCount.h`), and `swift_retain` too; only
+// `swift_release` orders (release, and acquire on the path that deallocates). The library
+// relies on none of them to order other memory: what a link's reader needs is published
+// by the C core's words, and `isOnlyReference` loads the count word with acquire itself.
 
 /// The Swift runtime's reference counts, used directly where the language has no
 /// spelling for what the library needs.

@@ -40,6 +40,11 @@ extension AnyPromise {
             }
         } else if outcome == PC_CANCELLED && claim(from: PC_CLAIM_FOLLOWING, to: PC_CANCELLED) {
             from = PC_CLAIM_FOLLOWING
+            // Dekker with `follow`, which stores its followee link, fences, then reads the
+            // claim: our claim is visible before our caller reads the link
+            // (`followeeToCancel`), so one of us forwards the cancel to the followee. The
+            // claim's CAS is no StoreLoad barrier (acq_rel on AArch64, `pc_promise.h`).
+            fullFence()
         } else {
             parent?.release()
             return nil

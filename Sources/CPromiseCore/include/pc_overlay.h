@@ -48,7 +48,7 @@ uintptr_t pc_count_down(uintptr_t *_Nonnull counter);
 /*
  * A one-shot election: sets *flag from 0 to 1 and returns true for the one caller that
  * did. `await p.value` uses it to decide between the promise's outcome and the awaiting
- * Task's cancellation. Full barrier: what the winner stored before is visible to whoever
+ * Task's cancellation. Full (acq_rel): what the winner stored before is visible to whoever
  * later acquires it through pc_count_down.
  */
 bool pc_once(uintptr_t *_Nonnull flag);

@@ -89,6 +89,26 @@
  * flags) are in pc_registry.h, with the holds of a derived promise's pc_lineage; helpers
  * only the overlay uses, in pc_overlay.h.
  *
+ * Memory orderings. "Full" on a read-modify-write here means libatomic_ops' _full variant.
+ * On the implementation libatomic_ops uses with gcc and clang (its generic one, built on
+ * the compilers' atomic builtins: on AArch64 always, on x86-64 too), AO_fetch_and_add_full
+ * and AO_nop_full are seq_cst, but AO_compare_and_swap_full and
+ * AO_fetch_compare_and_swap_full are acq_rel. Such a CAS orders the caller's accesses as a
+ * release and an acquire do, but not a store before a later load of another word. So no
+ * Dekker pairing (each side writes one word, then reads the other side's, and one of them
+ * must see the other's write) rests on a CAS alone: each side either calls pc_fence
+ * (seq_cst) between its write and its read, or, right after a read-modify-write, reads
+ * with a seq_cst load (pc_state_after_hold, pc_holds_after_publish,
+ * pc_word_load_after_rmw, pc_word_take_marked). The second form rests on how compilers
+ * map C11 atomics onto the targets Swift supports: an acq_rel and a seq_cst
+ * read-modify-write are the same instructions there (x86-64: one locked instruction, a
+ * full barrier; AArch64: LDAXR/STLXR or CASAL), and a seq_cst load after them cannot be
+ * satisfied before their store is visible (a plain load after a locked instruction; LDAR
+ * after STLXR or CASAL). C11 alone promises that only for a seq_cst read-modify-write.
+ * A relaxed or acquire load (LDR; LDAPR on ARMv8.3 and later) closes no such pairing.
+ * Where the code fences, the reason is on the call; the x86-64 test machines cannot show
+ * an ordering missing here (every locked instruction is a full barrier there).
+ *
  * The protocol is small enough to model-check: the spin model Verification/core.pml names
  * these functions step by step (`make verify`; Verification/README.md says what it proves).
  */
@@ -202,8 +222,10 @@ void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
 /*
  * Moves the claim word from `expected` to `desired` in one CAS; true for the one caller
  * that did. pc_claim(p, PC_CLAIM_FREE, outcome) elects the settler among racing resolvers.
- * Full barrier: what a caller stored before a successful claim is visible to a caller
- * whose later claim on the same word succeeds (FREE -> FOLLOWING, then FOLLOWING -> x).
+ * Full (acq_rel, see "Memory orderings" above): what a caller stored before a successful
+ * claim is visible to a caller whose later claim on the same word succeeds (FREE ->
+ * FOLLOWING, then FOLLOWING -> x). It is no StoreLoad barrier: a caller that must see
+ * another thread's write after its claim fences (pc_fence) first.
  */
 bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired);
 

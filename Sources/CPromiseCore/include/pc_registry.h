@@ -82,16 +82,18 @@ void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 #define PC_TREE_COUNT_SHIFT 9u      /* the registry's link count sits above the nine bits */
 
 /*
- * Sets `bit` in the tree_flags word; true for the one call that set it. The call that
- * sets it is a full barrier: a canceller's PUBLISHED store is ordered before its
- * pc_children_take, and pairs with the full barrier that pc_children_push ends with, so a
- * link pushed concurrently is either taken by the canceller or sees PUBLISHED in the
- * pusher's following pc_tree_flags load. A call that finds it set already returns false
- * after an acquire load (it stored nothing; its later loads come after the bit).
+ * Sets `bit` in the tree_flags word; true for the one call that set it, with a full
+ * (acq_rel, see pc_promise.h) CAS: a canceller's PUBLISHED store publishes the reason
+ * stored before it, and is ordered before its pc_children_take. A link pushed
+ * concurrently is either taken by the canceller or sees PUBLISHED, because
+ * pc_children_push ends with a read-modify-write of this same word: the two are ordered
+ * in the word's modification order, and each reads what the other wrote before it. A
+ * call that finds the bit set already returns false after an acquire load (it stored
+ * nothing; its later loads come after the bit).
  */
 bool pc_tree_flags_set(pc_promise *_Nonnull promise, uintptr_t bit);
 
-/* Clears the bits of `clear` and sets those of `set` in one CAS. Full barrier. For the
+/* Clears the bits of `clear` and sets those of `set` in one CAS, full (acq_rel). For the
  * retirement's decision: PC_TREE_RETIRING becomes PC_TREE_RETIRED, or goes. */
 void pc_tree_flags_update(pc_promise *_Nonnull promise, uintptr_t clear, uintptr_t set);
 
@@ -124,10 +126,12 @@ uintptr_t pc_tree_flags_after_fence(const pc_promise *_Nonnull promise);
  * PC_HOLDS_SELF is the promise's own hold while it is in flight itself (set once, cleared
  * once by pc_holds_clear_self), each PC_HOLDS_ONE a descendant's, and PC_HOLDS_GONE says
  * the parent was found dead, so there is nothing to hold any more. Every operation that
- * changes the word is a full barrier: a promise that sets SELF and then reads its state
- * pairs with the publisher that CASes the state and then reads this word (Dekker: one of
- * them sees the other). One that finds nothing to change (nothing held, SELF clear, GONE
- * set already) returns after an acquire load of the word.
+ * changes the word is a full read-modify-write (seq_cst for pc_holds_add and
+ * pc_holds_remove_one, acq_rel for the CASes: see pc_promise.h): a promise that sets SELF
+ * and then reads its state pairs with the publisher that CASes the state and then reads
+ * this word (Dekker: one of them sees the other), each reading with a seq_cst load
+ * (pc_state_after_hold, pc_holds_after_publish). One that finds nothing to change
+ * (nothing held, SELF clear, GONE set already) returns after an acquire load of the word.
  */
 #define PC_HOLDS_SELF 1u
 #define PC_HOLDS_GONE 2u
@@ -165,7 +169,8 @@ static inline uintptr_t pc_holds(const pc_lineage *_Nonnull lineage) {
  * seq_cst, not acquire: on ARMv8.3 and later (Apple silicon) an acquire load may compile
  * to LDAPR, which may be satisfied before the release store of the preceding atomic
  * read-modify-write is visible (libatomic_ops' generic _full CAS is acq_rel); a seq_cst
- * load (LDAR) may not. On x86 both are a plain load after a locked instruction.
+ * load (LDAR) may not. On x86 both are a plain load after a locked instruction. (What this
+ * rests on, beyond C11, is in pc_promise.h: "Memory orderings".)
  */
 static inline uintptr_t pc_holds_after_publish(const pc_lineage *_Nonnull lineage) {
     return __atomic_load_n(&lineage->holds, __ATOMIC_SEQ_CST);
@@ -222,10 +227,10 @@ static inline bool pc_forwarding_is_quiet(uintptr_t word) {
     return (word & PC_FORWARDING_ACTIVE_MASK) == 0;
 }
 
-/* Before a forwarded cancel sets PC_TREE_CANCEL_PUBLISHED. Full barrier. */
+/* Before a forwarded cancel sets PC_TREE_CANCEL_PUBLISHED. Full (seq_cst). */
 void pc_forwarding_begin(void);
 
-/* After that bit is set. Full barrier: a reader that sees the new word sees the bit. */
+/* After that bit is set. Full (acq_rel): a reader that sees the new word sees the bit. */
 void pc_forwarding_end(void);
 
 /* The word itself: only pc_forwarding_* touch it (Swift sees it as a private name). */
@@ -237,9 +242,10 @@ extern uintptr_t pc_forwarding_word;
 /*
  * The word; call after the claim CAS. acquire: pairs with the release half of
  * pc_forwarding_end, so the PUBLISHED bits of every forward that ended before the value
- * read are visible to the caller's following pc_tree_flags loads. The caller's claim CAS
- * before this load is a full barrier, which keeps the load from moving above the claim
- * (the Dekker half of pc_forwarding_begin). Inline: every handler's claim reads it.
+ * read are visible to the caller's following pc_tree_flags loads. Nothing orders it
+ * before the caller's claim CAS becomes visible (that CAS is acq_rel), and nothing needs
+ * to: a value from before a concurrent forward's begin only lets the claim win the race
+ * with that cancel, as if it had come first. Inline: every handler's claim reads it.
  */
 static inline uintptr_t pc_forwarding_epoch(void) {
     return __atomic_load_n(&pc_forwarding_word, __ATOMIC_ACQUIRE);
@@ -268,15 +274,16 @@ static inline uintptr_t pc_walk_epoch(void) {
 }
 
 /*
- * Advances the epoch: called by a child marked PC_TREE_WALKED_THROUGH right after its
- * claim to follow won, before it records its followee link. Full barrier, two Dekker
- * pairings. The child's claim CAS, then its load of the mark, against a walk's mark
- * (pc_tree_flags_set), then its load of the claim: either the walk sees the child locked
- * in (and does not go through it), or the child sees the mark and advances. This
- * increment, then the child's loads of links in its own cycle check, against a walk's
- * store of the link it checks, full fence, then its pc_walk_epoch load: either that walk
- * reads the new epoch (and takes no skip recorded through the child), or the child's
- * check sees the walk's link (and finds a cycle closed through both).
+ * Advances the epoch: called by a child marked PC_TREE_WALKED_THROUGH once its claim to
+ * follow won and its followee link is recorded. Full (seq_cst), in two Dekker pairings,
+ * each with a pc_fence on both sides. The child's claim CAS and link, pc_fence, then its
+ * load of the mark, against a walk's mark (pc_tree_flags_set), pc_fence, then its load
+ * of the claim: either the walk sees the child locked in (and does not go through it),
+ * or the child sees the mark and advances. This increment, pc_fence, then the child's
+ * loads of links in its own cycle check, against a walk's store of the link it checks,
+ * pc_fence, then its pc_walk_epoch load: either that walk reads the new epoch (and takes
+ * no skip recorded through the child), or the child's check sees the walk's link (and
+ * finds a cycle closed through both).
  */
 void pc_walk_epoch_advance(void);
 
