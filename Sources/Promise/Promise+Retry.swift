@@ -300,7 +300,11 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
     }
 
     deinit {
-        output.reject(PromiseError.brokenPromise)
+        // On a lane of the library's own, as `WatchedWork` breaks: the last release may be
+        // a context's letting go of an attempt's work, inside its own call (under its lock).
+        guard output.isPending else { return }
+        let output = self.output
+        TimerHeap.shared.send { output.reject(PromiseError.brokenPromise) }
     }
 }
 

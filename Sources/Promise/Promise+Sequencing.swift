@@ -24,8 +24,9 @@
 /// at once, as a first error does: the output rejects with `PromiseError.brokenPromise`,
 /// what is in flight is cancelled, and no more starts; other steps in flight must not keep
 /// it waiting, nor start inputs it can no longer use. And if everything that held the run
-/// let go of it while the output is pending, the run's deinit rejects the output so, as a
-/// promise that dies pending breaks its observers.
+/// let go of it while the output is pending, the run's deinit rejects the output so, a
+/// moment later on a lane of the library's own, as a promise that dies pending breaks its
+/// observers.
 ///
 /// Threading: its spin lock (`SpinLocked`), held for a few field updates, never around a
 /// call out.
@@ -74,8 +75,12 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     }
 
     deinit {
-        // Nothing holds the run any more, and nothing settled its output: nothing can.
-        output.reject(PromiseError.brokenPromise)
+        // Nothing holds the run any more, and nothing settled its output: nothing can. On
+        // a lane of the library's own, as `WatchedWork` breaks: the last release may be a
+        // context's letting go of a step's work, inside its own call (under its lock).
+        guard output.isPending else { return }
+        let output = self.output
+        TimerHeap.shared.send { output.reject(PromiseError.brokenPromise) }
     }
 
     /// Starts the run; the promise of its results.

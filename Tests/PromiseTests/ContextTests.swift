@@ -903,6 +903,38 @@ extension ContextTests {
         XCTAssertEqual(value(inline), -1)
     }
 
+    /// The same for a run (`retry`, `sequence`, `all(_:maxConcurrent:)`) whose step the
+    /// context lets go of inside its lock: its output breaks, and the output's `.immediate`
+    /// observer runs, after the context's call returned. Before, a retry's output broke
+    /// inside that call every time (the context's release of the work was the run's last
+    /// reference), and a fan-out's whenever its release came after the library's own
+    /// watch of the work had let go.
+    func testADroppedRunBreaksOutsideTheContextsCall() {
+        let runs: [(String, (ShutDownContext) -> Promise<Int>)] = [
+            ("retry", { context in Promise<Int>.retry(attempts: 3, on: context) { Promise(value: 1) } }),
+            ("sequence", { context in
+                Promise<Int>.sequence(on: context, [1, 2]) { Promise(value: $0) }.then(on: .immediate) { $0.count } }),
+            ("all(maxConcurrent: 2)", { context in
+                Promise<Int>.all([1, 2, 3], maxConcurrent: 2, on: context) { Promise(value: $0) }.then(on: .immediate) { $0.count } }),
+        ]
+        for (name, makeRun) in runs {
+            let inside = Counter()
+            for round in 0..<200 {
+                let context = ShutDownContext()
+                let output = makeRun(context)
+                let observed = DispatchSemaphore(value: 0)
+                output.whenComplete(on: .immediate) { _ in
+                    if ThreadMarker.isInside("ShutDownContext.shutDown") { inside.increment() }
+                    observed.signal()
+                }
+                ThreadMarker.inside("ShutDownContext.shutDown") { context.shutDown() }
+                XCTAssertEqual(observed.wait(timeout: .now() + testTimeoutSeconds), .success, "\(name), round \(round): never broke")
+                XCTAssertTrue(isBroken(error(output)), "\(name), round \(round): \(output)")
+            }
+            XCTAssertEqual(inside.value, 0, "\(name): the output broke inside the context's call in \(inside.value) of 200 rounds")
+        }
+    }
+
     /// The break does not wait for a thread of Dispatch's global pool: `.default` handlers
     /// blocked in `wait()` on the child whose handler was dropped hold that pool, and get
     /// the break all the same (before, from the default queue, it came seconds late or
