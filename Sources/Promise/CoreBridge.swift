@@ -455,6 +455,12 @@ enum HeldMemory {
         pc_state((address + CoreLayout.headerSize).assumingMemoryBound(to: pc_promise.self)) == PC_PENDING
     }
 
+    /// Whether the promise whose memory is held at `address` is unclaimed: no settle has
+    /// begun and it follows nothing. A hint (relaxed): the claim never goes back to free.
+    static func isFreeToSettlePromise(at address: UnsafeMutableRawPointer) -> Bool {
+        pc_claimed((address + CoreLayout.headerSize).assumingMemoryBound(to: pc_promise.self)) == UInt(PC_CLAIM_FREE)
+    }
+
     /// Drops a hold; the last one frees the memory of a promise that has died.
     static func release(_ address: UnsafeMutableRawPointer) {
         SwiftRuntime.unownedRelease(address)

@@ -247,10 +247,17 @@ protocol WaitedOnByOutput: AnyObject {
     /// first: ask again as they settle (an aggregator does; a run checks each step it
     /// starts instead, `rejectAsCycleIfWaited`).
     func watchForCyclesAsInputsSettle()
+
+    /// The output locked in to follow another promise (`resolve(with:)`): a run can no
+    /// longer settle it, so it stops as for an outside settle (its observer on the step in
+    /// flight gives up) and lets go of the user's code and its results. An aggregator
+    /// does nothing: its slots leave its inputs once the output settles.
+    func outputLockedIn()
 }
 
 extension WaitedOnByOutput {
     func watchForCyclesAsInputsSettle() {}
+    func outputLockedIn() {}
 }
 
 extension Aggregator: WaitedOnByOutput {}

@@ -362,13 +362,15 @@ final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
         HeldMemory.release(output)
     }
 
-    /// Read by a pruner of the step, which holds the step's stack: the output's state
-    /// word, one load (the box holds its memory).
-    override var gaveUp: Bool { !HeldMemory.isPendingPromise(at: output) }
+    /// Read by a pruner of the step, which holds the step's stack: the output's claim
+    /// word, one load (the box holds its memory). Claimed for an outcome, or locked in to
+    /// follow another promise, the output takes nothing from the run any more.
+    override var gaveUp: Bool { !HeldMemory.isFreeToSettlePromise(at: output) }
 
     override func run(_ source: AnyPromise) {
-        // The run's output settled first: nothing to hand over (and nothing to start). The
-        // run counts as reading its step's error all the same, as a combinator does.
+        // The run's output settled (or locked in) first: nothing to hand over (and nothing
+        // to start). The run counts as reading its step's error all the same, as a
+        // combinator does.
         guard !gaveUp else {
             body = nil
             source.noteErrorSeenIfRejected()

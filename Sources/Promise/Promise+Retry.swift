@@ -161,7 +161,7 @@ private func power(_ base: Double, _ exponent: Int) -> Double {
 ///
 /// Threading: its spin lock (`SpinLocked`), taken once per step and once when the output
 /// settles (cold paths: never on the register, settle or fire path of any promise).
-final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
+final class StepInFlight: SpinLocked, @unchecked Sendable {
     private weak var step: AnyPromise?
     /// Whether `step` is a pause, the run's own timer promise (not an attempt the user's
     /// code returned).
@@ -188,16 +188,14 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
         }
     }
 
-    /// For the cycle check (`WaitedOnByOutput`): the output waits on the attempt in flight
-    /// alone. None between two attempts, or during a pause (a timer settles it).
+    /// For the cycle check (`RetryRun`'s `WaitedOnByOutput`): the output waits on the
+    /// attempt in flight alone. None between two attempts, or during a pause (a timer
+    /// settles it).
     func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
         guard limit > 0, let step = withLock({ stepIsPause ? nil : step }) else { return (true, false) }
         inputs.append(step)
         return (true, false)
     }
-
-    /// The output settles as its attempts go, none of them settling it early for sure.
-    var settledEarlyBy: Aggregator.SettledEarlyBy { .nothing }
 
     /// The output was cancelled: cancels the step in flight, and any that starts later.
     func cancel(reason: any Error) {
@@ -209,8 +207,8 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
         step?.cancelOwnedWork(reason: reason)
     }
 
-    /// The output settled otherwise (the run fulfilled or rejected it, or its holder did):
-    /// an attempt in flight goes on, but the run's observer on it gives up
+    /// The output settled otherwise (the run fulfilled or rejected it, or its holder did),
+    /// or locked in to follow another promise: an attempt in flight goes on, but the run's observer on it gives up
     /// (`StepObserver`), so that an attempt that lives on keeps the run only until its
     /// next prune; a pause, the run's own, is cancelled, which lets go of the run at once.
     func leave() {
@@ -229,9 +227,10 @@ final class StepInFlight: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
 /// it: the deinit rejects the output with `PromiseError.brokenPromise`.
 ///
 /// It also holds the user's code (`body`, `shouldRetry`, and the pause maker with its
-/// clock), and lets go of it when the output settles: an attempt that lives on keeps the
-/// run until its next prune (`StepObserver`), but none of that code or its captures.
-private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
+/// clock), and lets go of it when the output settles or locks in to follow another
+/// promise: an attempt that lives on keeps the run until its next prune (`StepObserver`),
+/// but none of that code or its captures.
+private final class RetryRun<Value: Sendable>: SpinLocked, WaitedOnByOutput, @unchecked Sendable {
     typealias Code = (body: @Sendable () throws -> Promise<Value>,
                       shouldRetry: (@Sendable (any Error) -> Bool)?,
                       makePause: @Sendable (Duration) -> Promise<Void>)
@@ -292,11 +291,30 @@ private final class RetryRun<Value: Sendable>: SpinLocked, @unchecked Sendable {
         } else {
             inFlight.leave()
         }
+        letGoOfUserCode()
+    }
+
+    private func letGoOfUserCode() {
         let code = withLock { () -> Code? in
             defer { userCode = nil }
             return userCode
         }
         _ = consume code  // released outside the lock
+    }
+
+    // The cycle check's view of the run (`WaitedOnByOutput`): the attempt in flight.
+
+    func appendLinkedInputs(to inputs: inout [AnyPromise], limit: Int) -> (complete: Bool, unlinked: Bool) {
+        inFlight.appendLinkedInputs(to: &inputs, limit: limit)
+    }
+
+    /// The output settles as its attempts go, none of them settling it early for sure.
+    var settledEarlyBy: Aggregator.SettledEarlyBy { .nothing }
+
+    /// The output locked in to follow another promise: no attempt can settle it any more.
+    func outputLockedIn() {
+        inFlight.leave()
+        letGoOfUserCode()
     }
 
     deinit {
@@ -412,7 +430,7 @@ extension Promise {
         }
         let run = RetryRun<Value>((body, shouldRetry, makePause))
         let inFlight = run.inFlight
-        run.output.recordRun(inFlight)  // for the cycle check
+        run.output.recordRun(run)  // for the cycle check
         // Weakly: the run holds the output (a strong link back would be a cycle).
         OutcomeHook { [weak run] output in
             output.forgetRun()

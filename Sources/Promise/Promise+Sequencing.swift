@@ -11,10 +11,11 @@
 /// settled inputs loops instead of recursing, and the input iterator is only ever used by
 /// the pumping thread, never under the lock. The first error (or a cancel of the output)
 /// stops the pulling and cancels what is in flight. An outside settle of the output (or a
-/// lock-in to follow another promise, `resolve(with:)`) stops the pulling too; what is in
-/// flight goes on, as an aggregate's inputs do, but the run's observers on it give up
-/// (`StepObserver`), and the run lets go of its results, the work and the inputs, so a
-/// step that lives on keeps only the run's shell, until its next prune.
+/// lock-in to follow another promise, `resolve(with:)`, which tells the run through
+/// `outputLockedIn`) stops the pulling too; what is in flight goes on, as an aggregate's
+/// inputs do, but the run's observers on it give up (`StepObserver`), and the run lets go
+/// of its results, the work and the inputs, so a step that lives on keeps only the run's
+/// shell, until its next prune.
 ///
 /// Ownership: the run is the output's resolver. It holds the output; the output's hook
 /// (`OutcomeHook`) holds the run weakly (a strong link back would keep both alive for ever
@@ -332,8 +333,14 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
         }
     }
 
+    /// The output locked in to follow another promise: the run stops as for an outside
+    /// settle (`WaitedOnByOutput`).
+    func outputLockedIn() {
+        stop(cancelling: nil)
+    }
+
     /// Pulls no more inputs, and cancels the steps in flight with `reason`; with none (the
-    /// output settled otherwise), leaves them: the observers on them give up.
+    /// output settled or locked in otherwise), leaves them: the observers on them give up.
     private func stop(cancelling reason: (any Error)?) {
         for step in stopTakingSteps(reason: reason) ?? [] {
             if let reason { step.cancelOwnedWork(reason: reason) } else { step.runStoppedWatching() }

@@ -253,7 +253,10 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
     /// Makes this promise follow `other`: it settles as `other` does (fulfilled,
     /// rejected or cancelled). From this call on the promise is locked in: later
     /// `fulfill`, `reject` and `resolve` calls are ignored; `cancel` still works (and
-    /// leaves `other` alone). Ignored if the promise was settled already.
+    /// leaves `other` alone). Ignored if the promise was settled already. The output of
+    /// `retry`, `sequence` or `all(_:maxConcurrent:)` locked in this way stops its run:
+    /// no attempt or input starts after, the work in flight goes on unobserved, and the
+    /// run lets go of the user's code and of the results it had.
     ///
     /// A promise never waits on itself: `p.resolve(with: p)`, closing a cycle of promises
     /// that follow each other (`a.resolve(with: b); b.resolve(with: a)`), or following a
@@ -285,6 +288,12 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
         // to leave it (`leavePendingSources`): the box gives up here instead.
         if claimHint == UInt(PC_CANCELLED) { other.observerGaveUp() }
         if closesACycle(following: other) { rejectAsCycle(parent: nil) }
+        // The output of a run (`retry`, `sequence`, `all(_:maxConcurrent:)`): the run
+        // cannot settle it any more, and the cycle check walks on through `other`.
+        if let run = settlerIfAlive {
+            forgetRun()
+            run.outputLockedIn()
+        }
     }
 
     final override func makeBrokenStandIn() -> AnyPromise {

@@ -218,6 +218,80 @@ final class RunLifetimeTests: XCTestCase {
         longLived.fulfill(1)
     }
 
+    // MARK: Runs locked in to follow another promise
+
+    // An output locked in (`resolve(with:)`) can no longer be settled by its run: the run
+    // stops as for an outside settle, its observer on the step in flight gives up, and it
+    // lets go of the user's code and its results, though the output stays pending until
+    // the promise it follows settles.
+
+    func testBoundedFanOutLockedInLeavesALongLivedStep() {
+        let longLived = Promise<Int>()
+        let tracker = LifeTracker()
+        let elsewhere = Promise<[Int]>()  // pending: every output follows it
+        for _ in 0..<rounds {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
+                input == 0 ? Promise(value: captured.bytes.count) : longLived
+            }
+            output.resolve(with: elsewhere)
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "locked-in fan-outs stay registered on the long-lived step")
+        XCTAssertEqual(tracker.alive, 0, "a locked-in fan-out keeps its work closure")
+        longLived.cancel()
+        withExtendedLifetime(elsewhere) {}
+    }
+
+    func testSequenceLockedInLeavesALongLivedStep() {
+        let longLived = Promise<Payload>()
+        let tracker = LifeTracker()
+        let elsewhere = Promise<[Payload]>()
+        for _ in 0..<rounds {
+            let output = Promise.sequence(on: .immediate, [0, 1]) { step -> Promise<Payload> in
+                step == 0 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
+            }
+            output.resolve(with: elsewhere)
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "locked-in sequences stay registered on the long-lived step")
+        XCTAssertEqual(tracker.alive, 0, "a locked-in sequence keeps its finished steps' values")
+        longLived.cancel()
+        withExtendedLifetime(elsewhere) {}
+    }
+
+    func testRetryLockedInLeavesALongLivedAttempt() {
+        let longLived = Promise<Int>()
+        let tracker = LifeTracker()
+        let elsewhere = Promise<Int>()
+        for _ in 0..<rounds {
+            let captured = Payload(bytes: [1], tracker: tracker)
+            let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
+                withExtendedLifetime(captured) {}
+                return longLived
+            }
+            output.resolve(with: elsewhere)
+        }
+        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                 "locked-in retries stay registered on the long-lived attempt")
+        XCTAssertEqual(tracker.alive, 0, "a locked-in retry keeps its body's captures")
+        longLived.fulfill(1)
+        elsewhere.fulfill(2)
+    }
+
+    /// A locked-in output still ends as the promise it follows does, whatever its run's
+    /// steps do after the lock-in.
+    func testARunLockedInEndsAsThePromiseItFollows() {
+        let step = Promise<Int>()
+        let elsewhere = Promise<[Int]>()
+        let output = Promise.all([0, 1], maxConcurrent: 2, on: .immediate) { _ in step }
+        output.resolve(with: elsewhere)
+        step.fulfill(1)  // both steps: the run would have fulfilled the output with [1, 1]
+        XCTAssertTrue(output.isPending, "\(output)")
+        elsewhere.fulfill([7])
+        XCTAssertEqual(try output.wait(timeout: testTimeout), [7])
+    }
+
     /// One run settled from outside lets go at once of what it holds of the user's (its
     /// code and its captures, its results, its inputs), though its observer waits on the
     /// long-lived step until that step's next prune.
