@@ -349,8 +349,16 @@ extension AnyPromise {
         }
     }
 
-    /// Drops the registry's hold on its children's memory (deinit only).
+    /// Drops the registry's hold on its children's memory (deinit only). Inline, one load,
+    /// for the common empty registry.
+    @inline(__always)
     final func releaseChildLinks() {
+        guard !pc_children_empty_at_deinit(corePointer) else { return }
+        releaseTakenChildLinks()
+    }
+
+    @inline(never)
+    private final func releaseTakenChildLinks() {
         var node = registryTake()
         while let current = node {
             node = current.pointee.next  // before the release, which may free the child

@@ -45,6 +45,16 @@ uintptr_t pc_children_push(pc_promise *_Nonnull promise, pc_link *_Nonnull link)
 /* Takes the whole registry (newest first, NULL if empty); the caller owns the nodes. */
 pc_link *_Nullable pc_children_take(pc_promise *_Nonnull promise);
 
+/*
+ * Whether the registry is empty, for the owner's deinit only: nobody else reaches a
+ * dying promise (a push or a take needs a reference to it), and the release that ended
+ * its life ordered every earlier push before the deinit. No ordering, inline: most
+ * promises die with an empty registry, and skip pc_children_take's call.
+ */
+static inline bool pc_children_empty_at_deinit(const pc_promise *_Nonnull promise) {
+    return __atomic_load_n(&promise->children, __ATOMIC_RELAXED) == 0;
+}
+
 /* Lowers the registry's count after the caller dropped `count` links it had taken. */
 void pc_children_forget(pc_promise *_Nonnull promise, uintptr_t count);
 
