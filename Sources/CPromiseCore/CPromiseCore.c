@@ -770,6 +770,10 @@ void pc_walk_epoch_advance(void) {
     (void)AO_fetch_and_add_full(PC_WORD(&pc_walk_epoch_word), (AO_t)1);
 }
 
+/* ---- the overlay's record of the runtime's layout ---------------------------------- */
+
+uintptr_t pc_runtime_layout_word; /* read and written inline (pc_overlay.h) */
+
 /* ---- the forwarding epoch --------------------------------------------------------- */
 
 uintptr_t pc_forwarding_word; /* read inline by pc_forwarding_epoch (pc_registry.h) */

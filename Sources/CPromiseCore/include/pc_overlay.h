@@ -255,6 +255,30 @@ void pc_slot_run_later(pc_node *_Nonnull node);
  */
 uintptr_t *_Nonnull pc_diagnostics_word(void);
 
+/*
+ * What the overlay found of the Swift runtime's reference count word (its RuntimeBridge,
+ * `RefCountWord.layoutAsExpected`): PC_RUNTIME_LAYOUT_UNKNOWN until a thread checked,
+ * then _EXPECTED or _OTHER, for good. Read on every unowned hold the overlay takes or
+ * drops, so a plain word read inline, not a lazy Swift global (whose accessor calls
+ * swift_once on every read on Linux). Relaxed both ways: the answer depends on the
+ * runtime alone, so a thread that reads UNKNOWN checks for itself and finds the same.
+ */
+#define PC_RUNTIME_LAYOUT_UNKNOWN 0u
+#define PC_RUNTIME_LAYOUT_EXPECTED 1u
+#define PC_RUNTIME_LAYOUT_OTHER 2u
+#if defined(__clang__)
+__attribute__((swift_private))
+#endif
+extern uintptr_t pc_runtime_layout_word;
+
+static inline uintptr_t pc_runtime_layout(void) {
+    return __atomic_load_n(&pc_runtime_layout_word, __ATOMIC_RELAXED);
+}
+
+static inline void pc_runtime_layout_set(uintptr_t layout) {
+    __atomic_store_n(&pc_runtime_layout_word, layout, __ATOMIC_RELAXED);
+}
+
 #ifdef __cplusplus
 }
 #endif
