@@ -60,25 +60,17 @@ static void pc_die(const char *function, const char *what, uintptr_t word) {
  * scope (0 for pc_inline_begin's). Only this thread
  * touches them: no atomics.
  */
-typedef struct {
-    pc_release_fn release;
-    void *item;
-} pc_kept;
-
 enum {
-    PC_KEPT_INLINE = 32,     /* kept references without an allocation */
     PC_KEPT_RETAINED = 1024, /* the largest buffer a thread keeps between cascades */
 };
 
-static _Thread_local struct {
-    pc_node *head;
-    pc_node *tail;
-    pc_kept *kept;        /* kept_inline, a larger heap buffer, or NULL before first use */
-    size_t kept_count;
-    size_t kept_capacity; /* of `kept`: 0 before first use */
-    unsigned depth;
-    pc_kept kept_inline[PC_KEPT_INLINE];
-} pc_trampoline;
+/* The trampoline itself (its type in pc_promise.h, whose inline pc_defer and
+ * pc_keep_until_cascade_end push onto it). */
+#if defined(__GNUC__) || defined(__clang__)
+__thread pc_trampoline_state pc_trampoline;
+#else
+_Thread_local pc_trampoline_state pc_trampoline;
+#endif
 
 /* A thread's heap buffer of kept references outlives its cascades (up to
  * PC_KEPT_RETAINED entries); this key's destructor frees it when the thread exits. */
@@ -181,7 +173,7 @@ static inline void pc_scope_leave(void) {
     }
 }
 
-void pc_defer(pc_node *node) {
+void pc_defer_outside_scope(pc_node *node) {
     if (node->fire == NULL) {
         pc_die("pc_defer", "node has no fire callback", (uintptr_t)node);
     }
@@ -194,10 +186,7 @@ void pc_defer(pc_node *node) {
 /* pc_keep_until_cascade_end when the buffer is full: the inline buffer first, then a heap
  * buffer doubling each time. Out of line, so that the common path stays a few
  * instructions (it needs no registers saved across a call). */
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((noinline))
-#endif
-static bool pc_keep_growing(void *item, pc_release_fn release) {
+bool pc_keep_growing(void *item, pc_release_fn release) {
     if (pc_trampoline.kept == NULL) {
         pc_trampoline.kept = pc_trampoline.kept_inline;
         pc_trampoline.kept_capacity = PC_KEPT_INLINE;
@@ -217,21 +206,6 @@ static bool pc_keep_growing(void *item, pc_release_fn release) {
         (void)pthread_setspecific(pc_kept_key, grown);
     }
     pc_trampoline.kept[pc_trampoline.kept_count++] = (pc_kept){release, item};
-    return true;
-}
-
-bool pc_keep_until_cascade_end(void *item, pc_release_fn release) {
-    if (pc_trampoline.depth == 0) {
-        return false;
-    }
-    size_t count = pc_trampoline.kept_count;
-    if (count == pc_trampoline.kept_capacity) {
-        /* A tail call where the compiler guarantees one: the common path then saves no
-         * registers for a call it does not make. */
-        PC_MUSTTAIL return pc_keep_growing(item, release);
-    }
-    pc_trampoline.kept[count] = (pc_kept){release, item};
-    pc_trampoline.kept_count = count + 1;
     return true;
 }
 

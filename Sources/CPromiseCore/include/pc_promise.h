@@ -297,7 +297,7 @@ bool pc_has_waiting_observers(const pc_promise *_Nonnull promise);
  * Runs node->fire(node, NULL) on this thread: after the current fire callback returns
  * when called from one (iteration instead of recursion), otherwise at once.
  */
-void pc_defer(pc_node *_Nonnull node);
+void pc_defer_outside_scope(pc_node *_Nonnull node);
 
 /*
  * Keeps `item` until the current cascade ends: `release(item)` runs on this thread once
@@ -312,7 +312,77 @@ void pc_defer(pc_node *_Nonnull node);
 typedef void (*pc_release_fn)(void *_Nonnull item);
 /* Runs queued work (pc_context_run_later, pc_overlay.h). */
 typedef void (*pc_run_fn)(void *_Nonnull item);
-bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release);
+
+/*
+ * The per-thread trampoline: the FIFO of deferred nodes, the references kept until the
+ * cascade ends, and the depth of the pc_publish / pc_observe / pc_inline_begin scopes
+ * active on this thread (the one that brings it back to zero drains both). Only its own
+ * thread touches it: no atomics. Declared here so that pc_defer and
+ * pc_keep_until_cascade_end, which every inline step of a chain calls, are inline: their
+ * common case is a few thread-local loads and stores, where a call cost about as much
+ * again. The rest (draining, growing the buffer) stays in CPromiseCore.c.
+ */
+typedef struct {
+    pc_release_fn _Nullable release;
+    void *_Nullable item;
+} pc_kept;
+
+#define PC_KEPT_INLINE 32 /* kept references without an allocation */
+
+typedef struct {
+    pc_node *_Nullable head;
+    pc_node *_Nullable tail;
+    pc_kept *_Nullable kept; /* kept_inline, a larger heap buffer, or NULL before first use */
+    size_t kept_count;
+    size_t kept_capacity; /* of `kept`: 0 before first use */
+    unsigned depth;
+    pc_kept kept_inline[PC_KEPT_INLINE];
+} pc_trampoline_state;
+
+#if defined(__clang__)
+__attribute__((swift_private))
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+extern __thread pc_trampoline_state pc_trampoline;
+#else
+extern _Thread_local pc_trampoline_state pc_trampoline;
+#endif
+
+/* pc_defer outside any scope (it drains at once), or for a node with no callback (it
+ * aborts). */
+void pc_defer_outside_scope(pc_node *_Nonnull node);
+
+static inline void pc_defer(pc_node *_Nonnull node) {
+    if (node->fire == NULL || pc_trampoline.depth == 0) {
+        pc_defer_outside_scope(node);
+        return;
+    }
+    node->next = NULL;
+    if (pc_trampoline.tail != NULL) {
+        pc_trampoline.tail->next = node;
+    } else {
+        pc_trampoline.head = node;
+    }
+    pc_trampoline.tail = node;
+}
+
+/* pc_keep_until_cascade_end when the buffer is full: the inline buffer first, then a heap
+ * buffer doubling each time. */
+bool pc_keep_growing(void *_Nonnull item, pc_release_fn _Nonnull release);
+
+static inline bool pc_keep_until_cascade_end(void *_Nonnull item, pc_release_fn _Nonnull release) {
+    if (pc_trampoline.depth == 0) {
+        return false;
+    }
+    size_t count = pc_trampoline.kept_count;
+    if (count == pc_trampoline.kept_capacity) {
+        return pc_keep_growing(item, release);
+    }
+    pc_trampoline.kept[count].release = release;
+    pc_trampoline.kept[count].item = item;
+    pc_trampoline.kept_count = count + 1;
+    return true;
+}
 
 /*
  * Whether the newest item this thread keeps until its cascade ends is `item`, kept with
