@@ -283,17 +283,6 @@ void pc_observe(pc_promise *promise, pc_node *node) {
 
 /* ---- settling -------------------------------------------------------------------- */
 
-bool pc_claim(pc_promise *promise, uintptr_t expected, uintptr_t desired) {
-    /* full (acq_rel, see pc_promise.h): the claim elects one settler (the outcome it then
-     * stores is published by its own release CAS in pc_publish); release publishes what
-     * the caller stored before it to a caller whose later claim on the word succeeds, and
-     * acquire keeps the winner's later accesses after the election. The followee link,
-     * stored after a claim to FOLLOWING, is not published by it: the follower and a
-     * canceller that takes over from FOLLOWING each fence between their write and their
-     * read of the other's word (the overlay's `follow` and `settleFailureClaimingFrom`). */
-    return AO_compare_and_swap_full(PC_WORD(&promise->claim), (AO_t)expected, (AO_t)desired) != 0;
-}
-
 static void pc_fire_in_order(pc_node *stack, pc_promise *source) {
     pc_node *ordered = NULL; /* reverse: the stack is newest first */
     while (stack != NULL) {

@@ -227,7 +227,19 @@ void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
  * FOLLOWING, then FOLLOWING -> x). It is no StoreLoad barrier: a caller that must see
  * another thread's write after its claim fences (pc_fence) first.
  */
-bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired);
+static inline bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired) {
+    /* full (seq_cst, at least the acq_rel above): the claim elects one settler (the
+     * outcome it then stores is published by its own release CAS in pc_publish); release
+     * publishes what the caller stored before it to a caller whose later claim on the word
+     * succeeds, and acquire keeps the winner's later accesses after the election. The
+     * followee link, stored after a claim to FOLLOWING, is not published by it: the
+     * follower and a canceller that takes over from FOLLOWING each fence between their
+     * write and their read of the other's word (the overlay's `follow` and
+     * `settleFailureClaimingFrom`). Inline: every settle claims, and the call cost as
+     * much as the CAS around it. */
+    return __atomic_compare_exchange_n(&promise->claim, &expected, desired, false,
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
 
 /*
  * The loads below are inline (every handler's step makes several): the compiler's atomic
