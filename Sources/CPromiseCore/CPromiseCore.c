@@ -251,7 +251,7 @@ void pc_inline_end(void) {
 
 /* ---- registration ---------------------------------------------------------------- */
 
-void pc_observe(pc_promise *promise, pc_node *node) {
+void pc_observe_slow(pc_promise *promise, pc_node *node) {
     if (((uintptr_t)node & PC_TAG_MASK) != 0 || node->fire == NULL) {
         pc_die("pc_observe", "misaligned node or no fire callback", (uintptr_t)node);
     }

@@ -180,13 +180,19 @@ extension AnyPromise {
     @inline(never)
     private final func runOnSettledParentInScope(_ parent: AnyPromise) {
         if parent.carriesCancelForDescendants {
-            observe(parent, as: .continuation)
+            observeOutOfLine(parent)  // rare: keeps this frame small
         } else {
             role = .continuation
             settledParent = .borrowing(Unmanaged.passUnretained(parent))
             runContinuationTakingParent()
         }
         parent.endInlineObservation()
+    }
+
+    /// `observe(parent, as: .continuation)`, not inlined.
+    @inline(never)
+    private final func observeOutOfLine(_ parent: AnyPromise) {
+        observe(parent, as: .continuation)
     }
 
     /// Runs the continuation with the parent that `settledParent` holds, then drops

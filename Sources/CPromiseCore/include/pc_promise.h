@@ -217,7 +217,29 @@ typedef struct pc_lineage {
  * once on this thread, node->fire(node, promise), before returning. The caller keeps
  * `promise` alive until this returns (see pc_scope_opened_by).
  */
-void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
+void pc_observe_slow(pc_promise *_Nonnull promise, pc_node *_Nonnull node);
+
+/*
+ * Inline, the common case: a pending promise with nothing firing, whose word does not
+ * change between the load and the push (one acquire load, one release CAS, as in
+ * pc_observe_slow, which does all the rest: a settled promise, a batch firing, a failed
+ * CAS, a pruner holding the stack, a node it must refuse).
+ */
+static inline void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull node) {
+    /* acquire: as pc_observe_slow's first load (a settled tag seen makes the outcome
+     * visible; here only a pending word goes on, and its acquire costs nothing more). */
+    uintptr_t seen = __atomic_load_n(&promise->state, __ATOMIC_ACQUIRE);
+    if ((seen & (uintptr_t)7u) == 0 && ((uintptr_t)node & (uintptr_t)7u) == 0 && node->fire != NULL) {
+        node->next = (pc_node *)seen;
+        /* release: publishes node->next, node->fire and the object around the node before
+         * the node is reachable; pairs with the acquire half of pc_publish's taking CAS. */
+        if (__atomic_compare_exchange_n(&promise->state, &seen, (uintptr_t)node, false,
+                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+            return;
+        }
+    }
+    pc_observe_slow(promise, node);
+}
 
 /*
  * Moves the claim word from `expected` to `desired` in one CAS; true for the one caller
