@@ -279,14 +279,33 @@ extension AnyPromise {
     ///
     /// `recording: false` only looks (for a promise that may be adopting an outcome on
     /// another thread meanwhile, which records for itself).
-    @usableFromInline
     ///
     /// `parent` is borrowed from the caller, which holds it (not an optional: binding one
     /// would make an owned copy, a retain and a release on every handler's claim).
+    ///
+    /// Inlinable: the common case (a quiet epoch, no cancel on the parent, which verified
+    /// this epoch or has no ancestors) is a few loads inline in the handler's claim
+    /// (`fulfillFromHandler`, specialised in the caller); the rest is
+    /// `cancelReasonFromAncestors(parent:recording:epoch:)`.
+    @inlinable @inline(__always)
     final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool = true) -> (any Error)? {
         // After the claim CAS. A value from before a concurrent forward began lets the
         // claim win that cancel, as if it came first (see `pc_forwarding_epoch`).
-        let epoch = ForwardingEpoch.current
+        let epoch = pc_forwarding_epoch()
+        if pc_forwarding_is_quiet(epoch) && !parent.carriesCancelForDescendants {
+            let vouched = parent.verifiedEpoch
+            if vouched == epoch || vouched == AncestorCheck.noAncestors {
+                if recording { verifiedEpoch = epoch }
+                return nil
+            }
+        }
+        return cancelReasonFromAncestors(parent: parent, recording: recording, epoch: epoch)
+    }
+
+    /// `cancelReasonFromAncestors(parent:recording:)` past its common case, with the
+    /// epoch it read.
+    @usableFromInline @inline(never)
+    final func cancelReasonFromAncestors(parent: AnyPromise, recording: Bool, epoch: UInt) -> (any Error)? {
         let quiet = ForwardingEpoch.isQuiet(epoch)
         // The common case, without touching reference counts (the caller holds the
         // parent): no cancel on the parent, and it verified this epoch.
@@ -358,6 +377,7 @@ extension AnyPromise {
 /// so neither equals an epoch read while no forward is in progress.
 @usableFromInline
 enum AncestorCheck {
-    @usableFromInline static let unverified: UInt = 1
-    @usableFromInline static let noAncestors: UInt = .max
+    // Computed constants, not stored: code inlined into a client reads them as literals.
+    @inlinable static var unverified: UInt { 1 }
+    @inlinable static var noAncestors: UInt { .max }
 }
