@@ -153,7 +153,7 @@ public class Promise<Value: Sendable>: AnyPromise, @unchecked Sendable {
 
     /// A derived promise: `DerivedPromise`'s initialisers, after setting up its lineage.
     /// Only for them: a `Promise` made this way would have no lineage to read.
-    @usableFromInline
+    @usableFromInline @inline(__always)  // into DerivedPromise's initialisers: a call fewer per child
     override init(derived: Void) {
         super.init(derived: ())
         assert(self is DerivedPromise<Value>, "only a DerivedPromise is a derived promise")
