@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PC_STATE_FIRING ((uintptr_t)4u)
-#define PC_TAG_MASK ((uintptr_t)7u)
-
 _Static_assert(sizeof(AO_t) == sizeof(uintptr_t), "AO_t must be a machine word");
 _Static_assert(_Alignof(pc_node) >= 8, "nodes must leave three tag bits free");
 _Static_assert(_Alignof(pc_promise) >= 4, "the cascade watch word uses two low bits of an address");

@@ -119,6 +119,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The compare-and-swaps of the inline fast paths below (pc_observe, pc_claim) are
+ * libatomic_ops', as in CPromiseCore.c. */
+#include <atomic_ops.h>
+
 /* Nullability annotations are clang's; other compilers (gcc builds the C tests) skip them. */
 #if !defined(__clang__)
 #define _Nonnull
@@ -148,6 +152,10 @@ extern "C" {
 #define PC_CLAIM_FREE 0u
 /* The outcome tag's bits in the state word. */
 #define PC_OUTCOME_MASK ((uintptr_t)3u)
+/* The state word's bit 2: a batch is firing (or, with no outcome, a pruner holds the stack). */
+#define PC_STATE_FIRING ((uintptr_t)4u)
+/* The state word's tag bits: the outcome and PC_STATE_FIRING (a node's address is 8-aligned). */
+#define PC_TAG_MASK ((uintptr_t)7u)
 
 typedef struct pc_node pc_node;
 typedef struct pc_promise pc_promise;
@@ -229,12 +237,11 @@ static inline void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull no
     /* acquire: as pc_observe_slow's first load (a settled tag seen makes the outcome
      * visible; here only a pending word goes on, and its acquire costs nothing more). */
     uintptr_t seen = __atomic_load_n(&promise->state, __ATOMIC_ACQUIRE);
-    if ((seen & (uintptr_t)7u) == 0 && ((uintptr_t)node & (uintptr_t)7u) == 0 && node->fire != NULL) {
+    if ((seen & PC_TAG_MASK) == 0 && ((uintptr_t)node & PC_TAG_MASK) == 0 && node->fire != NULL) {
         node->next = (pc_node *)seen;
         /* release: publishes node->next, node->fire and the object around the node before
          * the node is reachable; pairs with the acquire half of pc_publish's taking CAS. */
-        if (__atomic_compare_exchange_n(&promise->state, &seen, (uintptr_t)node, false,
-                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+        if (AO_compare_and_swap_release((volatile AO_t *)&promise->state, (AO_t)seen, (AO_t)(uintptr_t)node)) {
             return;
         }
     }
@@ -250,17 +257,15 @@ static inline void pc_observe(pc_promise *_Nonnull promise, pc_node *_Nonnull no
  * another thread's write after its claim fences (pc_fence) first.
  */
 static inline bool pc_claim(pc_promise *_Nonnull promise, uintptr_t expected, uintptr_t desired) {
-    /* full (seq_cst, at least the acq_rel above): the claim elects one settler (the
-     * outcome it then stores is published by its own release CAS in pc_publish); release
-     * publishes what the caller stored before it to a caller whose later claim on the word
-     * succeeds, and acquire keeps the winner's later accesses after the election. The
-     * followee link, stored after a claim to FOLLOWING, is not published by it: the
-     * follower and a canceller that takes over from FOLLOWING each fence between their
-     * write and their read of the other's word (the overlay's `follow` and
-     * `settleFailureClaimingFrom`). Inline: every settle claims, and the call cost as
-     * much as the CAS around it. */
-    return __atomic_compare_exchange_n(&promise->claim, &expected, desired, false,
-                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    /* full (acq_rel, see above): the claim elects one settler (the outcome it then stores
+     * is published by its own release CAS in pc_publish); release publishes what the
+     * caller stored before it to a caller whose later claim on the word succeeds, and
+     * acquire keeps the winner's later accesses after the election. The followee link,
+     * stored after a claim to FOLLOWING, is not published by it: the follower and a
+     * canceller that takes over from FOLLOWING each fence between their write and their
+     * read of the other's word (the overlay's `follow` and `settleFailureClaimingFrom`).
+     * Inline: every settle claims, and the call cost as much as the CAS around it. */
+    return AO_compare_and_swap_full((volatile AO_t *)&promise->claim, (AO_t)expected, (AO_t)desired) != 0;
 }
 
 /*
