@@ -40,9 +40,10 @@ void swift_unownedRelease(void *_Nonnull object);
  * table, or an immortal object). Each returns false, changing nothing, where the runtime
  * must decide: a slow word (the count then lives in the side table), an unowned count
  * about to overflow, or a release of the last unowned reference (which frees the
- * memory); the caller then calls the runtime. The orderings are the runtime's
- * (`RefCount.h`: a relaxed CAS for the increment, a release CAS for the decrement, so
- * that this thread's accesses to the object come before whoever frees it).
+ * memory); the caller then calls the runtime. Orderings: relaxed for the increment, as
+ * the runtime's (`RefCount.h`); release for the decrement, where the runtime's is relaxed
+ * too: no weaker than it, so that this thread's accesses to the object come before
+ * whoever frees it (the same instruction on x86-64).
  */
 #define PC_RC_UNOWNED_ONE ((unsigned long long)1 << 1)
 #define PC_RC_UNOWNED_MASK ((unsigned long long)0x7fffffff << 1)
