@@ -471,8 +471,9 @@ extension Promise {
                 }.register(on: current)
                 // An attempt that waits on the output would never settle it.
                 run.output.rejectAsCycleIfWaited(onBy: current)
-                // Settled meanwhile, after `leave` had looked for this step: give up now.
-                if !run.output.isPending { current.runStoppedWatching() }
+                // Settled or locked in meanwhile, after `leave` had looked for this step:
+                // give up now.
+                if !run.output.isFreeToSettle { current.runStoppedWatching() }
             }
         }
 

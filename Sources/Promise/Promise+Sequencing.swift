@@ -264,9 +264,9 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
             }.register(on: step)
             // A step that waits on the output would never settle it, nor let another start.
             if limit == 1 { output.rejectAsCycleIfWaited(onBy: step) } else { lookForACycle(through: step) }
-            // Settled meanwhile, after `stop` had looked for this step's observer: it gives
-            // up now.
-            if !output.isPending { step.runStoppedWatching() }
+            // Settled or locked in meanwhile, after `stop` had looked for this step's
+            // observer: it gives up now.
+            if !output.isFreeToSettle { step.runStoppedWatching() }
         }
         if contextRunsEveryWork { return context.execute(startStep) }
         // Weak: a run nothing else holds is freed with the work, and its deinit breaks it.
