@@ -163,120 +163,86 @@ final class RunLifetimeTests: XCTestCase {
         }
     }
 
-    // MARK: Runs settled from outside
+    // MARK: Runs settled or locked in from outside
 
-    // The run's observer on the step in flight gives up when the output settles, so a
-    // long-lived step keeps a bounded number of them (until its next prune), and the runs
-    // let go at once of what they held of the user's (results, work closures, input
-    // iterators, captures).
+    // The run's observer on the step in flight gives up when the output settles, or locks
+    // in to follow another promise (`resolve(with:)`, which the run cannot settle either),
+    // so a long-lived step keeps a bounded number of them (until its next prune), and the
+    // runs let go at once of what they held of the user's (results, work closures, input
+    // iterators, captures), though a locked-in output stays pending until the promise it
+    // follows settles.
 
-    func testSequenceSettledFromOutsideLeavesALongLivedStep() {
-        let longLived = Promise<Payload>()
-        let tracker = LifeTracker()
-        for index in 0..<rounds {
-            let output = Promise.sequence(on: .immediate, [0, 1]) { step -> Promise<Payload> in
-                step == 0 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
+    /// How a test ends a run's output from outside.
+    private enum OutsideEnd: CaseIterable {
+        case settled, lockedIn
+
+        /// Settles `output` with `settle`, or locks it in to follow `elsewhere`.
+        func apply<T>(to output: Promise<T>, following elsewhere: Promise<T>, settle: (Promise<T>) -> Void) {
+            switch self {
+            case .settled: settle(output)
+            case .lockedIn: output.resolve(with: elsewhere)
             }
-            output.reject(Reason(tag: index))
         }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "settled sequences stay registered on the long-lived step")
-        XCTAssertEqual(tracker.alive, 0, "a settled sequence nobody holds keeps its finished steps' values")
-        longLived.cancel()
     }
 
-    func testBoundedFanOutSettledFromOutsideLeavesALongLivedStep() {
-        let longLived = Promise<Int>()
-        let tracker = LifeTracker()
-        for index in 0..<rounds {
-            let captured = Payload(bytes: [1], tracker: tracker)
-            let output = Promise.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
-                input == 0 ? Promise(value: captured.bytes.count) : longLived
+    func testSequenceEndedFromOutsideLeavesALongLivedStep() {
+        for end in OutsideEnd.allCases {
+            let longLived = Promise<Payload>()
+            let tracker = LifeTracker()
+            let elsewhere = Promise<[Payload]>()  // pending: every locked-in output follows it
+            for index in 0..<rounds {
+                let output = Promise.sequence(on: .immediate, [0, 1]) { step -> Promise<Payload> in
+                    step == 0 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
+                }
+                end.apply(to: output, following: elsewhere) { $0.reject(Reason(tag: index)) }
             }
-            output.fulfill([index])
+            XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                     "\(end) sequences stay registered on the long-lived step")
+            XCTAssertEqual(tracker.alive, 0, "a \(end) sequence nobody holds keeps its finished steps' values")
+            longLived.cancel()
+            withExtendedLifetime(elsewhere) {}
         }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "settled fan-outs stay registered on the long-lived step")
-        XCTAssertEqual(tracker.alive, 0, "a settled fan-out nobody holds keeps its work closure")
-        longLived.cancel()
     }
 
-    func testRetrySettledFromOutsideLeavesALongLivedAttempt() {
-        let longLived = Promise<Int>()
-        let tracker = LifeTracker()
-        for index in 0..<rounds {
-            let captured = Payload(bytes: [1], tracker: tracker)
-            let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
-                withExtendedLifetime(captured) {}
-                return longLived
+    func testBoundedFanOutEndedFromOutsideLeavesALongLivedStep() {
+        for end in OutsideEnd.allCases {
+            let longLived = Promise<Int>()
+            let tracker = LifeTracker()
+            let elsewhere = Promise<[Int]>()
+            for index in 0..<rounds {
+                let captured = Payload(bytes: [1], tracker: tracker)
+                let output = Promise.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
+                    input == 0 ? Promise(value: captured.bytes.count) : longLived
+                }
+                end.apply(to: output, following: elsewhere) { $0.fulfill([index]) }
             }
-            output.reject(Reason(tag: index))
+            XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                     "\(end) fan-outs stay registered on the long-lived step")
+            XCTAssertEqual(tracker.alive, 0, "a \(end) fan-out nobody holds keeps its work closure")
+            longLived.cancel()
+            withExtendedLifetime(elsewhere) {}
         }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "settled retries stay registered on the long-lived attempt")
-        XCTAssertEqual(tracker.alive, 0, "a settled retry nobody holds keeps its body's captures")
-        longLived.fulfill(1)
     }
 
-    // MARK: Runs locked in to follow another promise
-
-    // An output locked in (`resolve(with:)`) can no longer be settled by its run: the run
-    // stops as for an outside settle, its observer on the step in flight gives up, and it
-    // lets go of the user's code and its results, though the output stays pending until
-    // the promise it follows settles.
-
-    func testBoundedFanOutLockedInLeavesALongLivedStep() {
-        let longLived = Promise<Int>()
-        let tracker = LifeTracker()
-        let elsewhere = Promise<[Int]>()  // pending: every output follows it
-        for _ in 0..<rounds {
-            let captured = Payload(bytes: [1], tracker: tracker)
-            let output = Promise.all([0, 1, 2], maxConcurrent: 2, on: .immediate) { input -> Promise<Int> in
-                input == 0 ? Promise(value: captured.bytes.count) : longLived
+    func testRetryEndedFromOutsideLeavesALongLivedAttempt() {
+        for end in OutsideEnd.allCases {
+            let longLived = Promise<Int>()
+            let tracker = LifeTracker()
+            let elsewhere = Promise<Int>()
+            for index in 0..<rounds {
+                let captured = Payload(bytes: [1], tracker: tracker)
+                let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
+                    withExtendedLifetime(captured) {}
+                    return longLived
+                }
+                end.apply(to: output, following: elsewhere) { $0.reject(Reason(tag: index)) }
             }
-            output.resolve(with: elsewhere)
+            XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
+                                     "\(end) retries stay registered on the long-lived attempt")
+            XCTAssertEqual(tracker.alive, 0, "a \(end) retry nobody holds keeps its body's captures")
+            longLived.fulfill(1)
+            elsewhere.fulfill(2)
         }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "locked-in fan-outs stay registered on the long-lived step")
-        XCTAssertEqual(tracker.alive, 0, "a locked-in fan-out keeps its work closure")
-        longLived.cancel()
-        withExtendedLifetime(elsewhere) {}
-    }
-
-    func testSequenceLockedInLeavesALongLivedStep() {
-        let longLived = Promise<Payload>()
-        let tracker = LifeTracker()
-        let elsewhere = Promise<[Payload]>()
-        for _ in 0..<rounds {
-            let output = Promise.sequence(on: .immediate, [0, 1]) { step -> Promise<Payload> in
-                step == 0 ? Promise(value: Payload(bytes: [1], tracker: tracker)) : longLived
-            }
-            output.resolve(with: elsewhere)
-        }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "locked-in sequences stay registered on the long-lived step")
-        XCTAssertEqual(tracker.alive, 0, "a locked-in sequence keeps its finished steps' values")
-        longLived.cancel()
-        withExtendedLifetime(elsewhere) {}
-    }
-
-    func testRetryLockedInLeavesALongLivedAttempt() {
-        let longLived = Promise<Int>()
-        let tracker = LifeTracker()
-        let elsewhere = Promise<Int>()
-        for _ in 0..<rounds {
-            let captured = Payload(bytes: [1], tracker: tracker)
-            let output = Promise.retry(attempts: 2, on: .immediate) { () -> Promise<Int> in
-                withExtendedLifetime(captured) {}
-                return longLived
-            }
-            output.resolve(with: elsewhere)
-        }
-        XCTAssertLessThanOrEqual(longLived.debugObserverNodeCount, nodeBound,
-                                 "locked-in retries stay registered on the long-lived attempt")
-        XCTAssertEqual(tracker.alive, 0, "a locked-in retry keeps its body's captures")
-        longLived.fulfill(1)
-        elsewhere.fulfill(2)
     }
 
     /// A locked-in output still ends as the promise it follows does, whatever its run's
