@@ -101,7 +101,7 @@ extension AnyPromise {
         fullFence()
         // A pending child that a walk went through to its parent waits on `source` from
         // now on: the skips recorded over it end (see `pc_walk_epoch_advance`). Before
-        // our cycle check, whose loads the advance's full read-modify-write keeps after it.
+        // our cycle check, which fences again before it loads the links it walks.
         if treeFlags & TreeFlag.walkedThrough != 0 { WalkEpoch.advance() }
     }
 
