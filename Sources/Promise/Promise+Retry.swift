@@ -318,11 +318,7 @@ private final class RetryRun<Value: Sendable>: SpinLocked, WaitedOnByOutput, @un
     }
 
     deinit {
-        // On a lane of the library's own, as `WatchedWork` breaks: the last release may be
-        // a context's letting go of an attempt's work, inside its own call (under its lock).
-        guard output.isPending else { return }
-        let output = self.output
-        TimerHeap.shared.send { output.reject(PromiseError.brokenPromise) }
+        output.breakOnALaneIfPending()
     }
 }
 

@@ -76,12 +76,8 @@ private final class FanOut<Input: Sendable, Value: Sendable>: SpinLocked, Waited
     }
 
     deinit {
-        // Nothing holds the run any more, and nothing settled its output: nothing can. On
-        // a lane of the library's own, as `WatchedWork` breaks: the last release may be a
-        // context's letting go of a step's work, inside its own call (under its lock).
-        guard output.isPending else { return }
-        let output = self.output
-        TimerHeap.shared.send { output.reject(PromiseError.brokenPromise) }
+        // Nothing holds the run any more, and nothing settled its output: nothing can.
+        output.breakOnALaneIfPending()
     }
 
     /// Starts the run; the promise of its results.

@@ -25,6 +25,16 @@ extension AnyPromise {
         noteErrorSeen()
     }
 
+    /// For the deinit of the run that settles this output (`retry`, `sequence`,
+    /// `all(_:maxConcurrent:)`): nothing can settle it any more, so it rejects with
+    /// `PromiseError.brokenPromise` a moment later, on a lane of the library's own, as
+    /// `WatchedWork` breaks: the run's last release may be a context's letting go of its
+    /// work, inside the context's own call (under its lock).
+    final func breakOnALaneIfPending() {
+        guard isPending else { return }
+        TimerHeap.shared.send { [self] in _ = settleFailure(PromiseError.brokenPromise, as: PC_REJECTED) }
+    }
+
     /// `settleFailure`, telling which claim it took over: `PC_CLAIM_FREE`, or `PC_CLAIM_FOLLOWING` (a
     /// cancel of a follower, which must then reach the followee); nil if it lost.
     final func settleFailureClaimingFrom(_ error: any Error, as outcome: UInt32) -> UInt32? {
