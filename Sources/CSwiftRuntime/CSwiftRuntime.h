@@ -106,6 +106,24 @@ _Bool swift_isUniquelyReferenced_nonNull_native(const void *_Nonnull object);
 void *_Nonnull swift_slowAlloc(size_t size, size_t alignMask);
 void swift_slowDealloc(void *_Nonnull pointer, size_t size, size_t alignMask);
 
+/*
+ * Dispatch's function variants of async, which take a C function and its argument where
+ * async takes a block. Why: a block costs a malloc and a free per call (Block_copy), and
+ * the work a promise sends to a queue is one call on one object. Dispatch's Swift overlay
+ * does not export them on Linux, so they are declared here, under names of our own bound
+ * to Dispatch's symbols, which keeps them apart from Dispatch's own declarations (whose
+ * queue parameter has Dispatch's type; here it is the bare `dispatch_queue_t`). Declared
+ * in dispatch/queue.h as void (dispatch_queue_t, void *, dispatch_function_t); libdispatch
+ * is linked into every program that imports Dispatch.
+ */
+typedef void (*pc_dispatch_function)(void *_Nullable context);
+#if defined(__linux__)
+void pc_dispatch_async_f(void *_Nonnull queue, void *_Nullable context,
+                         pc_dispatch_function _Nonnull work) __asm__("dispatch_async_f");
+void pc_dispatch_barrier_async_f(void *_Nonnull queue, void *_Nullable context,
+                                 pc_dispatch_function _Nonnull work) __asm__("dispatch_barrier_async_f");
+#endif
+
 #ifdef __cplusplus
 }
 #endif

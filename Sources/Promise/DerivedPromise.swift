@@ -246,6 +246,7 @@ extension AnyPromise {
     /// otherwise first, does what the work would have done but run the handler; either
     /// way it lets go of the parked parent and the handler.
     final func sendHandlerToContext() {
+        if sendHandlerToDispatchQueue() { return }
         sendToContext({ self.runContinuationTakingParent(once: true) }, ifDropped: {
             // A handler that would only have passed the parent's outcome through runs here
             // (no user code runs): the child takes that outcome, not a broken promise.
@@ -253,6 +254,19 @@ extension AnyPromise {
             self.rejectAsWorkDropped()  // the parked hold goes with the publish, if it wins
             self.runContinuationTakingParent(once: true)  // the claim is taken: no handler runs
         })
+    }
+
+    /// `sendHandlerToContext` for Dispatch's queues (a `DispatchQueue`, `.concurrent(queue)`,
+    /// `.default`), which run every work they are given: the handler goes as a C function
+    /// and this promise (`DispatchBridge`), without the block a closure costs. False, and
+    /// nothing sent, for other contexts, or where `DispatchBridge` cannot reach the queue.
+    private final func sendHandlerToDispatchQueue() -> Bool {
+        let run: DispatchBridge.Work = { promise in
+            Unmanaged<AnyPromise>.fromOpaque(promise.unsafelyUnwrapped).takeRetainedValue()
+                .runContinuationTakingParent(once: true)
+        }
+        guard handlerPlace == .defaultQueue else { return storedContext.pointee.send(retaining: self, run) }
+        return DispatchBridge.sendToDefaultQueue(retaining: self, run)
     }
 
     /// `sendToContext` for work that a context might drop (`WatchedWork`), unless the

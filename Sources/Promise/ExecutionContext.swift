@@ -300,6 +300,22 @@ struct StoredContext {
         execute(stored)
     }
 
+    /// Moves the context out and runs `work(object)` on it, `object` retained for `work`,
+    /// when it is a `DispatchQueue` or `.concurrent(queue)` that `DispatchBridge` reaches
+    /// (without a block: see there); false, with nothing moved or sent, otherwise.
+    mutating func send(retaining object: AnyObject, _ work: DispatchBridge.Work) -> Bool {
+        guard let stored = type else { return false }
+        let barrier = ObjectIdentifier(stored) == ObjectIdentifier(DispatchQueue.self)
+        // `.concurrent(queue)` is its queue alone: the reference is the payload's first word.
+        guard barrier || ObjectIdentifier(stored) == ObjectIdentifier(ConcurrentQueueContext.self) else { return false }
+        let queue = Unmanaged<DispatchQueue>.fromOpaque(UnsafeRawPointer(bitPattern: payload.0).unsafelyUnwrapped)
+        guard let dispatchQueue = queue._withUnsafeGuaranteedRef({ DispatchBridge.dispatchQueue(of: $0) }) else { return false }
+        type = nil
+        DispatchBridge.async(on: dispatchQueue, barrier: barrier, Unmanaged.passRetained(object).toOpaque(), work)
+        queue.release()  // the payload's; Dispatch keeps a queue while it has work
+        return true
+    }
+
     /// Destroys a context that was never sent.
     mutating func destroy() {
         guard let stored = type else { return }

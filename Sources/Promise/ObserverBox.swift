@@ -219,6 +219,10 @@ final class QueuedCompletionObserver<Value: Sendable>: CompletionObserver<Value>
 
     @usableFromInline
     override func scheduleFire() {
+        // On Dispatch's queues, the box goes without a block (`DispatchBridge`).
+        if context.send(retaining: self, { box in
+            Unmanaged<ObserverBox>.fromOpaque(box.unsafelyUnwrapped).takeRetainedValue().fireOnce()
+        }) { return }
         context.send { self.fireOnce() }
     }
 }
@@ -237,6 +241,9 @@ final class DefaultQueueCompletionObserver<Value: Sendable>: CompletionObserver<
 
     @usableFromInline
     override func scheduleFire() {
+        if DispatchBridge.sendToDefaultQueue(retaining: self, { box in
+            Unmanaged<ObserverBox>.fromOpaque(box.unsafelyUnwrapped).takeRetainedValue().fire()
+        }) { return }
         DefaultExecutionContext().execute { self.fire() }
     }
 }

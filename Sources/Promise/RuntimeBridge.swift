@@ -1,5 +1,6 @@
 import CPromiseCore
 import CSwiftRuntime
+import Dispatch
 
 // Every call into the Swift runtime below the language, and every assumption about the
 // runtime's object layout, is in this file. Nothing else in the module calls `swift_*`
@@ -54,7 +55,7 @@ enum SwiftRuntime {
     /// (`pc_runtime_layout`): one load where the lazy global's accessor calls swift_once.
     @inline(__always)
     static var countWordHasExpectedLayout: Bool {
-        let layout = pc_runtime_layout()
+        let layout = pc_runtime_layout(UInt(PC_RUNTIME_COUNT_WORD))
         if layout == UInt(PC_RUNTIME_LAYOUT_EXPECTED) { return true }
         if layout == UInt(PC_RUNTIME_LAYOUT_OTHER) { return false }
         return recordCountWordLayout()
@@ -63,7 +64,7 @@ enum SwiftRuntime {
     @inline(never)
     private static func recordCountWordLayout() -> Bool {
         let expected = RefCountWord.layoutAsExpected
-        pc_runtime_layout_set(UInt(expected ? PC_RUNTIME_LAYOUT_EXPECTED : PC_RUNTIME_LAYOUT_OTHER))
+        pc_runtime_layout_set(UInt(PC_RUNTIME_COUNT_WORD), UInt(expected ? PC_RUNTIME_LAYOUT_EXPECTED : PC_RUNTIME_LAYOUT_OTHER))
         return expected
     }
 
@@ -196,4 +197,79 @@ enum RefCountWord {
                + "(0x\(String(counted, radix: 16)), 0x\(String(withWeak, radix: 16)))")
         return expected && weakProbe == nil
     }()
+}
+
+/// Dispatch below its Swift overlay: the function variants of `async`
+/// (`dispatch_async_f`), which send a C function and one pointer where the overlay's
+/// `async` sends a block, a malloc and a free per call (`Block_copy`), and a retain and a
+/// release of what the closure captures. Used for the work a promise sends most: a
+/// child's handler to a `DispatchQueue`, `.concurrent(queue)` or `.default`. If the entry
+/// points or the overlay's layout changed: the overlay's `async`, as every other context.
+enum DispatchBridge {
+    /// What runs on the queue: a C function of the one pointer sent with it.
+    typealias Work = @convention(c) (UnsafeMutableRawPointer?) -> Void
+
+    /// The Dispatch queue that `queue` wraps, or nil where this file does not know where
+    /// it is (the caller then uses the overlay's `async`). On Linux the overlay's
+    /// `DispatchQueue` is a Swift object whose only stored property, `__wrapped`, is that
+    /// queue; the first call checks it (`queueLayoutAsExpected`).
+    @inline(__always)
+    static func dispatchQueue(of queue: DispatchQueue) -> UnsafeMutableRawPointer? {
+        #if os(Linux)
+        let layout = pc_runtime_layout(UInt(PC_RUNTIME_DISPATCH_QUEUE))
+        if layout == UInt(PC_RUNTIME_LAYOUT_EXPECTED) || (layout == UInt(PC_RUNTIME_LAYOUT_UNKNOWN) && recordQueueLayout()) {
+            return (Unmanaged.passUnretained(queue).toOpaque() + CoreLayout.headerSize).load(as: UnsafeMutableRawPointer.self)
+        }
+        #endif
+        return nil
+    }
+
+    /// Runs `work(context)` on `queue` (from `dispatchQueue(of:)`), as a barrier or not,
+    /// as the overlay's `async(flags:execute:)` would run a block.
+    @inline(__always)
+    static func async(on queue: UnsafeMutableRawPointer, barrier: Bool, _ context: UnsafeMutableRawPointer,
+                      _ work: Work) {
+        #if os(Linux)
+        if barrier {
+            pc_dispatch_barrier_async_f(queue, context, work)
+        } else {
+            pc_dispatch_async_f(queue, context, work)
+        }
+        #else
+        preconditionFailure("dispatchQueue(of:) returns nil on this platform")
+        #endif
+    }
+
+    /// Runs `work(object)` on the library's default queue (`.default`), `object` retained
+    /// for `work`; false, with nothing sent, where the queue cannot be reached this way.
+    @inline(__always)
+    static func sendToDefaultQueue(retaining object: AnyObject, _ work: Work) -> Bool {
+        guard let queue = dispatchQueue(of: DefaultExecutionContext.queue) else { return false }
+        async(on: queue, barrier: false, Unmanaged.passRetained(object).toOpaque(), work)
+        return true
+    }
+
+    #if os(Linux)
+    @inline(never)
+    private static func recordQueueLayout() -> Bool {
+        let expected = queueLayoutAsExpected
+        pc_runtime_layout_set(UInt(PC_RUNTIME_DISPATCH_QUEUE),
+                              UInt(expected ? PC_RUNTIME_LAYOUT_EXPECTED : PC_RUNTIME_LAYOUT_OTHER))
+        return expected
+    }
+
+    /// Whether a queue of its own has one stored property, `__wrapped`, the first after
+    /// the object header, and no other in its class or above: reflection names the
+    /// property and gives its value, which must be the word there. Found once.
+    static let queueLayoutAsExpected: Bool = {
+        let probe = DispatchQueue(label: "Promise.layout-probe")
+        let mirror = Mirror(reflecting: probe)
+        guard mirror.children.count == 1, let only = mirror.children.first, only.label == "__wrapped",
+              let wrapped = only.value as? OpaquePointer,
+              mirror.superclassMirror.map({ $0.children.isEmpty && $0.superclassMirror == nil }) ?? true
+        else { return false }
+        let stored = (Unmanaged.passUnretained(probe).toOpaque() + CoreLayout.headerSize).load(as: UnsafeRawPointer.self)
+        return UnsafeRawPointer(wrapped) == stored
+    }()
+    #endif
 }

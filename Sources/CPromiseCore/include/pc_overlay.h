@@ -256,27 +256,34 @@ void pc_slot_run_later(pc_node *_Nonnull node);
 uintptr_t *_Nonnull pc_diagnostics_word(void);
 
 /*
- * What the overlay found of the Swift runtime's reference count word (its RuntimeBridge,
- * `RefCountWord.layoutAsExpected`): PC_RUNTIME_LAYOUT_UNKNOWN until a thread checked,
- * then _EXPECTED or _OTHER, for good. Read on every unowned hold the overlay takes or
- * drops, so a plain word read inline, not a lazy Swift global (whose accessor calls
- * swift_once on every read on Linux). Relaxed both ways: the answer depends on the
- * runtime alone, so a thread that reads UNKNOWN checks for itself and finds the same.
+ * What the overlay found of the runtimes below the language (its RuntimeBridge), two
+ * answers of two bits each: at PC_RUNTIME_COUNT_WORD, the Swift runtime's reference count
+ * word (`RefCountWord.layoutAsExpected`); at PC_RUNTIME_DISPATCH_QUEUE, where a
+ * `DispatchQueue` keeps the Dispatch queue it wraps (`DispatchQueueLayout`). Each is
+ * PC_RUNTIME_LAYOUT_UNKNOWN until a thread checked, then _EXPECTED or _OTHER, for good.
+ * Read on every unowned hold the overlay takes or drops and every handler it sends to a
+ * queue, so a plain word read inline, not a lazy Swift global (whose accessor calls
+ * swift_once on every read on Linux). Relaxed both ways: an answer depends on the
+ * runtimes alone, so a thread that reads UNKNOWN checks for itself and finds the same.
  */
 #define PC_RUNTIME_LAYOUT_UNKNOWN 0u
 #define PC_RUNTIME_LAYOUT_EXPECTED 1u
 #define PC_RUNTIME_LAYOUT_OTHER 2u
+#define PC_RUNTIME_COUNT_WORD 0u
+#define PC_RUNTIME_DISPATCH_QUEUE 2u
 #if defined(__clang__)
 __attribute__((swift_private))
 #endif
 extern uintptr_t pc_runtime_layout_word;
 
-static inline uintptr_t pc_runtime_layout(void) {
-    return __atomic_load_n(&pc_runtime_layout_word, __ATOMIC_RELAXED);
+static inline uintptr_t pc_runtime_layout(uintptr_t which) {
+    return (__atomic_load_n(&pc_runtime_layout_word, __ATOMIC_RELAXED) >> which) & 3u;
 }
 
-static inline void pc_runtime_layout_set(uintptr_t layout) {
-    __atomic_store_n(&pc_runtime_layout_word, layout, __ATOMIC_RELAXED);
+static inline void pc_runtime_layout_set(uintptr_t which, uintptr_t layout) {
+    /* An OR, relaxed: the other answer, which another thread may be recording at the same
+       time, stays; the same answer recorded twice is the same bits. */
+    AO_or((volatile AO_t *)&pc_runtime_layout_word, (AO_t)(layout << which));
 }
 
 #ifdef __cplusplus
