@@ -309,6 +309,12 @@ final class Aggregator: @unchecked Sendable {
             UnownedLink.clear(inputWord(slots + index), ifPointingAt: UInt(bitPattern: settled.toOpaque()))
             settled.release()
         }
+        // A cancelled output's cancel reaches the inputs still pending through their slots'
+        // links (`appendPendingInputs`), maybe only after this retirement (an input settled
+        // between the cancel's publish and its look-up): those slots must not give up, or
+        // a prune would clear the links first. The cancel settles those inputs, and their
+        // slots then leave as any fired slot does.
+        let outputCancelled = keptOutput?._withUnsafeGuaranteedRef { $0.isCancelled } ?? false
         keptOutput.take()?.release()
         // The slots still registered on pending inputs wait for nothing now: those inputs
         // may take them off (`observerGaveUp`), so that an input that outlives many
@@ -318,7 +324,7 @@ final class Aggregator: @unchecked Sendable {
         for index in 0..<count where slots[index].settled == nil {
             guard let input = UnownedLink.load(inputWord(slots + index)) else { continue }
             input.noteErrorSeen()
-            input.observerGaveUp()
+            if !outputCancelled { input.observerGaveUp() }
         }
     }
 }
