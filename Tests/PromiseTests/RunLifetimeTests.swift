@@ -258,6 +258,28 @@ final class RunLifetimeTests: XCTestCase {
         XCTAssertEqual(try output.wait(timeout: testTimeout), [7])
     }
 
+    /// A run parts with its output at the lock-in, as when the output's holder settles it:
+    /// a later cancel of the output leaves the step in flight running. A combinator's
+    /// inputs stay the output's until it settles: the same cancel reaches them.
+    func testACancelAfterALockInReachesACombinatorsInputsNotARunsStep() {
+        let step = Promise<Int>()
+        let elsewhere = Promise<Int>()
+        let run = Promise.retry(attempts: 2, on: .immediate) { step }
+        run.resolve(with: elsewhere)
+        run.cancel()
+        XCTAssertTrue(run.isCancelled, "\(run)")
+        XCTAssertTrue(step.isPending, "the run stopped at the lock-in; its step is not the output's any more")
+
+        let input = Promise<Int>(), other = Promise<Int>()
+        let race = Promise.race([input, other])
+        race.resolve(with: elsewhere)
+        race.cancel()
+        XCTAssertTrue(race.isCancelled, "\(race)")
+        XCTAssertTrue(input.isCancelled && other.isCancelled, "a locked-in combinator's pending inputs are still its output's")
+        XCTAssertTrue(elsewhere.isPending, "what a lock-in follows is not owned")
+        step.fulfill(1)
+    }
+
     /// One run settled from outside lets go at once of what it holds of the user's (its
     /// code and its captures, its results, its inputs), though its observer waits on the
     /// long-lived step until that step's next prune.
