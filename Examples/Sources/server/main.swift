@@ -49,6 +49,25 @@ do {
     FileHandle.standardError.write(Data("server: cannot listen on 127.0.0.1:\(options.port): \(error)\n".utf8))
     exit(1)
 }
+
+// Stop on SIGTERM / SIGINT: close the listening socket; the main thread then stops the
+// rest (Server.waitUntilStopped says in which order). Armed before the server says it
+// listens (the line below, the port file), and waited for: a signal sent as soon as it
+// says so must stop it, not kill it (the default action, before `signal`) nor be lost
+// (ignored, between `signal` and the source's registration, which Dispatch makes later).
+var signalSources: [any DispatchSourceSignal] = []
+let registered = DispatchSemaphore(value: 0)
+for signalNumber in [SIGTERM, SIGINT] {
+    signal(signalNumber, SIG_IGN)
+    let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+    // @Sendable: runs on a global queue, not on the main actor of this top-level code.
+    source.setEventHandler { @Sendable in server.close() }
+    source.setRegistrationHandler { @Sendable in registered.signal() }
+    source.resume()
+    signalSources.append(source)
+}
+for _ in signalSources { registered.wait() }
+
 say("server: listening on http://127.0.0.1:\(server.port) (engine \(options.engine), \(options.threads) connection loops, \(options.threads) backend loops)")
 if let portFile = options.portFile {
     do {
@@ -59,18 +78,6 @@ if let portFile = options.portFile {
         try? server.waitUntilStopped()
         exit(1)
     }
-}
-
-// Stop on SIGTERM / SIGINT: close the listening socket; the main thread then stops the
-// rest (Server.waitUntilStopped says in which order).
-var signalSources: [any DispatchSourceSignal] = []
-for signalNumber in [SIGTERM, SIGINT] {
-    signal(signalNumber, SIG_IGN)
-    let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-    // @Sendable: runs on a global queue, not on the main actor of this top-level code.
-    source.setEventHandler { @Sendable in server.close() }
-    source.resume()
-    signalSources.append(source)
 }
 
 try server.waitUntilStopped()
