@@ -66,7 +66,7 @@ final class AdversarialServerTests: XCTestCase {
             Bundle(for: Self.self).bundleURL,
         ].map { $0.appendingPathComponent("server") }
         guard let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0.path) }) else {
-            throw XCTSkip("no server executable beside the tests: \(candidates.map(\.path))")
+            throw SetupFailure("no server executable beside the tests: \(candidates.map(\.path))")
         }
         return found
     }
@@ -103,10 +103,16 @@ final class AdversarialServerTests: XCTestCase {
                 try? channel.close().wait()
                 if !connectedToItself { return }
             }
-            guard Date() < deadline else { throw XCTSkip("the server did not listen within 10 s") }
+            guard Date() < deadline else { throw SetupFailure("the server did not listen within 10 s") }
             usleep(10_000)
         }
     }
+}
+
+/// Why the test could not get to its point: a failure, not a skip.
+private struct SetupFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
 }
 
 /// What the reader collected, handed from its thread to the test's.
