@@ -1,6 +1,6 @@
 /*
  * Entry points of the Swift runtime (libswiftCore, which every Swift program links) that
- * the overlay calls directly. Declared here, in C, so that Swift calls them with the C
+ * the overlay calls directly, and at the end two of Dispatch's, below its Swift overlay. Declared here, in C, so that Swift calls them with the C
  * calling convention the runtime exports them with; Swift reserves their names for
  * @_silgen_name. The C core never uses them: its tests link without the Swift runtime.
  */
