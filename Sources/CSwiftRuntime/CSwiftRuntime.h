@@ -112,7 +112,8 @@ void swift_slowDealloc(void *_Nonnull pointer, size_t size, size_t alignMask);
  * the work a promise sends to a queue is one call on one object. Dispatch's Swift overlay
  * does not export them on Linux, so they are declared here, under names of our own bound
  * to Dispatch's symbols, which keeps them apart from Dispatch's own declarations (whose
- * queue parameter has Dispatch's type; here it is the bare `dispatch_queue_t`). Declared
+ * queue parameter has Dispatch's type; here it is `void *`, the address the overlay's
+ * DispatchBridge reads out of a DispatchQueue). Declared
  * in dispatch/queue.h as void (dispatch_queue_t, void *, dispatch_function_t); libdispatch
  * is linked into every program that imports Dispatch.
  */

@@ -204,8 +204,9 @@ enum RefCountWord {
 /// (`dispatch_async_f`), which send a C function and one pointer where the overlay's
 /// `async` sends a block, a malloc and a free per call (`Block_copy`), and a retain and a
 /// release of what the closure captures. Used for the work a promise sends most: a
-/// child's handler to a `DispatchQueue`, `.concurrent(queue)` or `.default`. If the entry
-/// points or the overlay's layout changed: the overlay's `async`, as every other context.
+/// child's handler, or a `whenComplete` box, to a `DispatchQueue`, `.concurrent(queue)`
+/// or `.default`. If the overlay's layout changed (checked once): the overlay's `async`,
+/// as for every other context. (The entry points are bound by symbol when linking.)
 enum DispatchBridge {
     /// What runs on the queue: a C function of the one pointer sent with it.
     typealias Work = @convention(c) (UnsafeMutableRawPointer?) -> Void
