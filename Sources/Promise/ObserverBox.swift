@@ -351,8 +351,9 @@ final class OutcomeHook: ObserverBox, @unchecked Sendable {
 /// off at its next prune (`observerGaveUp`, which the run calls when its output settles),
 /// and with it the run. The run itself lets go of the user's code, its results and its
 /// inputs when its output settles, so what such a step keeps until that prune is the
-/// box and the run's own fields: a bounded trace, as for the slots of settled
-/// combinators.
+/// box, the run's own fields and its output: a bounded trace, as for the slots of settled
+/// combinators, and none where the run's was the step's first observer to give up (the
+/// first give-up prunes).
 final class StepObserver<Value: Sendable>: ObserverBox, @unchecked Sendable {
     /// The run's output, by its memory (`HeldMemory`): `body` holds the run, which holds
     /// the output, for as long as the box may run.

@@ -149,9 +149,9 @@ final class RareState: @unchecked Sendable {
     private unowned(unsafe) var tail: WaiterEntry?
     private var nodeRegistered = false
     /// Observers of the promise that gave up since its last prune, and how many give-ups
-    /// start the next one (see `AnyPromise.observerGaveUp`).
+    /// start the next one (see `AnyPromise.observerGaveUp`): the first prunes at once.
     private var gaveUpSincePrune = 0
-    private var gaveUpBeforePrune = RareState.minimumGaveUpBeforePrune
+    private var gaveUpBeforePrune = 1
     static let minimumGaveUpBeforePrune = 8
     private var fired = false
     /// The settling entries taken when the node fired, for its deferred half: written and
@@ -397,12 +397,14 @@ extension AnyPromise {
     /// An observer registered on this promise no longer waits for it (a slot of a
     /// combinator that settled without this input, a child or follower that was
     /// cancelled, a child settled early: see `observerHasGivenUp`). Its node stays on the lock-free stack
-    /// until something takes it off: every so many give-ups (as many as the nodes the
-    /// last prune kept, and at least `RareState.minimumGaveUpBeforePrune`), the thread
-    /// that counts the last one prunes the stack (`pruneObserversThatGaveUp`). So a
-    /// promise that outlives many such observers keeps a bounded number of them, and each
-    /// give-up costs amortised O(1). A settled promise has fired its observers: nothing
-    /// to do.
+    /// until something takes it off: the first give-up on a promise prunes its stack at
+    /// once (`pruneObserversThatGaveUp`), so a promise whose one observer gave up (a
+    /// run's step, a child's `timeout`) keeps none; later ones every so many give-ups (as
+    /// many as the nodes the last prune kept, and at least
+    /// `RareState.minimumGaveUpBeforePrune`), pruned by the thread that counts the last.
+    /// So a promise that outlives many such observers keeps a bounded number of them, and
+    /// each give-up costs amortised O(1): the first prune walks nodes that each paid for
+    /// their registration. A settled promise has fired its observers: nothing to do.
     ///
     /// What a prune takes off is released on the pruning thread: the thread whose give-up
     /// was the one to trigger it (a cancel, or a combinator settling), which may be that

@@ -245,6 +245,29 @@ final class RunLifetimeTests: XCTestCase {
         }
     }
 
+    /// A run's step that is a fresh child of a long-lived promise (`longLived.then { }`)
+    /// stays with that promise, as any pending child does; but the run stopped watching it
+    /// when the output settled from outside, and the run, its output and the output's value
+    /// must not stay with it. (The step has one observer, the run's: it gave up, and a
+    /// first give-up prunes at once.)
+    func testARunEndedFromOutsideLeavesItsOutputWithAStepThatStays() {
+        for kind in ["sequence", "retry", "all(maxConcurrent:)"] {
+            let longLived = Promise<Payload>()
+            let tracker = LifeTracker()
+            for _ in 0..<1_000 {
+                let step: @Sendable () -> Promise<Payload> = { longLived.then(on: .immediate) { $0 } }
+                let value = Payload(bytes: [1], tracker: tracker)
+                switch kind {
+                case "sequence": Promise.sequence(on: .immediate, [0]) { _ in step() }.fulfill([value])
+                case "retry": Promise.retry(attempts: 2, on: .immediate) { step() }.fulfill(value)
+                default: Promise.all([0], maxConcurrent: 1, on: .immediate) { _ in step() }.fulfill([value])
+                }
+            }
+            XCTAssertEqual(tracker.alive, 0, "\(kind): runs whose step stays keep their settled outputs' values")
+            longLived.reject(Reason(tag: 0))
+        }
+    }
+
     /// A locked-in output still ends as the promise it follows does, whatever its run's
     /// steps do after the lock-in.
     func testARunLockedInEndsAsThePromiseItFollows() {
