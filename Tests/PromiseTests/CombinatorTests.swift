@@ -516,22 +516,52 @@ final class CombinatorTests: XCTestCase {
         XCTAssertNoThrow(try Promise<Void>.wrap { done in done(nil) }.wait())
     }
 
+    /// A pending input that `earlier` races, settled by their other input, let go of: each
+    /// counted a give-up on it, and every so many a prune. The races are returned to keep.
+    private func inputLetGo(byRaces earlier: Int) -> (input: Promise<Int>, races: [Promise<Int>]) {
+        let shared = Promise<Int>()
+        let races = (0..<earlier).map { _ in
+            let other = Promise<Int>()
+            defer { other.fulfill(1) }  // settles that race: its slot on `shared` gives up
+            return Promise.race([shared, other])
+        }
+        return (shared, races)
+    }
+
     /// A cancel of an output reaches its pending inputs however many other aggregates let
-    /// go of them before (each counts a give-up on them, and every so many a prune).
+    /// go of them before.
     func testACancelReachesAPendingInputWhateverItsGiveUpCount() {
         for earlier in 0..<20 {
-            let shared = Promise<Int>()
-            var kept: [Promise<Int>] = []
-            for _ in 0..<earlier {
-                let other = Promise<Int>()
-                kept.append(Promise.race([shared, other]))
-                other.fulfill(1)  // settles that race: its slot on `shared` gives up
-            }
+            let (shared, races) = inputLetGo(byRaces: earlier)
             let last = Promise<Int>()
             Promise.race([shared, last]).cancel(reason: TestError(9))
             XCTAssertTrue(last.isCancelled)
             XCTAssertTrue(shared.isCancelled, "missed after \(earlier) races let go of it")
+            withExtendedLifetime(races) {}
         }
+    }
+
+    /// The same when another input settles while the cancel is under way (another
+    /// thread's `fulfill`, made deterministic by an `.immediate` observer of the output,
+    /// which runs inside the cancel's publish), between the cancel's settle of the output
+    /// and its look-up of the pending inputs: that settle retires the aggregator, whose
+    /// give-up on the pending input may prune it; its slot must still lead the cancel to it.
+    func testACancelReachesAPendingInputWhenAnotherInputSettlesDuringTheCancel() {
+        func check<Output>(_ name: String, _ makeOutput: ([Promise<Int>]) -> Promise<Output>) {
+            for earlier in 0..<20 {
+                let (shared, races) = inputLetGo(byRaces: earlier)
+                let first = Promise<Int>()
+                let output = makeOutput([first, shared])
+                output.whenComplete(on: .immediate) { _ in _ = first.fulfill(5) }
+                output.cancel(reason: TestError(9))
+                XCTAssertTrue(output.isCancelled, name)
+                XCTAssertTrue(first.isFulfilled, "\(name): settled before the cancel reached it: left alone")
+                XCTAssertTrue(shared.isCancelled, "\(name): missed after \(earlier) races let go of it")
+                withExtendedLifetime(races) {}
+            }
+        }
+        check("race") { Promise.race($0) }
+        check("allSettled") { Promise.allSettled($0) }
     }
 
     /// Two cancels of one output at once: every input still pending takes the reason the
