@@ -1,8 +1,9 @@
 /*
  * Entry points of the Swift runtime (libswiftCore, which every Swift program links) that
- * the overlay calls directly, and at the end two of Dispatch's, below its Swift overlay. Declared here, in C, so that Swift calls them with the C
- * calling convention the runtime exports them with; Swift reserves their names for
- * @_silgen_name. The C core never uses them: its tests link without the Swift runtime.
+ * the overlay calls directly, and at the end two of Dispatch's, below its Swift overlay.
+ * Declared here, in C, so that Swift calls them with the C calling convention the runtime
+ * exports them with; Swift reserves their names for @_silgen_name. The C core never uses
+ * them: its tests link without the Swift runtime.
  */
 #ifndef CSWIFTRUNTIME_H
 #define CSWIFTRUNTIME_H
@@ -113,9 +114,9 @@ void swift_slowDealloc(void *_Nonnull pointer, size_t size, size_t alignMask);
  * does not export them on Linux, so they are declared here, under names of our own bound
  * to Dispatch's symbols, which keeps them apart from Dispatch's own declarations (whose
  * queue parameter has Dispatch's type; here it is `void *`, the address the overlay's
- * DispatchBridge reads out of a DispatchQueue). Declared
- * in dispatch/queue.h as void (dispatch_queue_t, void *, dispatch_function_t); libdispatch
- * is linked into every program that imports Dispatch.
+ * DispatchBridge reads out of a DispatchQueue). Declared in dispatch/queue.h as
+ * void (dispatch_queue_t, void *, dispatch_function_t); libdispatch is linked into every
+ * program that imports Dispatch.
  */
 typedef void (*pc_dispatch_function)(void *_Nullable context);
 #if defined(__linux__)

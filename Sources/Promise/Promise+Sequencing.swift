@@ -15,8 +15,8 @@
 /// `outputLockedIn`) stops the pulling too; what is in flight goes on, as an aggregate's
 /// inputs do, but the run's observers on it give up (`StepObserver`), and the run lets go
 /// of its results, the work and the inputs, so a step that lives on keeps only the run's
-/// shell (with its output), until its next prune: at once, if the run's observer was the
-/// step's only one that gave up so far (a step made for the run, `longLived.then { }`).
+/// shell (with its output), until its next prune: at once, if the run's observer is the
+/// first on the step to give up (a step made for the run, `longLived.then { }`).
 ///
 /// Ownership: the run is the output's resolver. It holds the output; the output's hook
 /// (`OutcomeHook`) holds the run weakly (a strong link back would keep both alive for ever

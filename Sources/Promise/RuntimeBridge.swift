@@ -5,8 +5,8 @@ import Dispatch
 // Every call into the Swift runtime below the language, and every assumption about the
 // runtime's object layout, is in this file; so are the calls into Dispatch below its
 // Swift overlay (`DispatchBridge`). Nothing else in the module calls `swift_*` or
-// `dispatch_*`, or computes an object's header size. Each entry says why it is needed and what would
-// replace it if the runtime changed.
+// `dispatch_*`, or computes an object's header size. Each entry says why it is needed
+// and what would replace it if the runtime changed.
 //
 // Orderings: the runtime's `swift_tryRetain`, `swift_unownedRetain` and
 // `swift_unownedRelease` are relaxed atomics (`RefCount.h`), and `swift_retain` too; only

@@ -259,8 +259,9 @@ uintptr_t *_Nonnull pc_diagnostics_word(void);
  * What the overlay found of the runtimes below the language (its RuntimeBridge), two
  * answers of two bits each: at PC_RUNTIME_COUNT_WORD, the Swift runtime's reference count
  * word (`RefCountWord.layoutAsExpected`); at PC_RUNTIME_DISPATCH_QUEUE, where a
- * `DispatchQueue` keeps the Dispatch queue it wraps (`DispatchQueueLayout`). Each is
- * PC_RUNTIME_LAYOUT_UNKNOWN until a thread checked, then _EXPECTED or _OTHER, for good.
+ * `DispatchQueue` keeps the Dispatch queue it wraps
+ * (`DispatchBridge.queueLayoutAsExpected`). Each is PC_RUNTIME_LAYOUT_UNKNOWN until a
+ * thread checked, then _EXPECTED or _OTHER, for good.
  * Read on every unowned hold the overlay takes or drops and every handler it sends to a
  * queue, so a plain word read inline, not a lazy Swift global (whose accessor calls
  * swift_once on every read on Linux). Relaxed both ways: an answer depends on the
